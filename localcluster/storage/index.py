@@ -1,0 +1,188 @@
+"""A segment's two indexes, one entry per batch, as numpy memmaps.
+
+`.index` holds (relative offset int32, position int32) per batch; `.timeindex` holds the batch's
+max timestamp (int64). Both files are preallocated (sparse) to `max_entries` while their segment
+is active and trimmed to the live entries on roll and clean close, so a trimmed file's size tells
+its entry count. After an unclean shutdown the active segment's indexes are rebuilt from the log
+by recovery, never trusted. Lookups are `np.searchsorted` on the relative-offset column; keys
+are passed as int32 so numpy never widens (copies) the whole column.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+ENTRY_BYTES = 8  # both files: 2 x int32, or 1 x int64
+
+
+class IndexFullError(Exception):
+    """No room for another entry: the segment must roll."""
+
+
+def _map(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if shape[0] == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+
+
+class BatchIndex:
+    """Offset and time index of one segment; `count` entries are live."""
+
+    def __init__(self, log_path: Path, base_offset: int, max_entries: int):
+        assert max_entries > 0
+        self.base_offset = base_offset
+        self.max_entries = max_entries
+        self.offset_path = log_path.with_suffix(".index")
+        self.time_path = log_path.with_suffix(".timeindex")
+        self.count = 0
+        self._offsets = np.zeros((0, 2), dtype=np.int32)
+        self._times = np.zeros((0,), dtype=np.int64)
+        self._capacity = 0
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def open_trimmed(self) -> bool:
+        """Load trimmed index files; False when missing or their sizes disagree (rebuild)."""
+        try:
+            offset_bytes = self.offset_path.stat().st_size
+            time_bytes = self.time_path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if offset_bytes % ENTRY_BYTES or offset_bytes != time_bytes:
+            return False
+        count = offset_bytes // ENTRY_BYTES
+        if count > self.max_entries:
+            return False
+        self._remap(count)
+        self.count = count
+        return True
+
+    def reset(self) -> None:
+        """Empty files, ready to be filled (rebuild or a new segment)."""
+        for path in (self.offset_path, self.time_path):
+            with open(path, "wb"):
+                pass
+        self._remap(0)
+        self.count = 0
+
+    def make_appendable(self) -> None:
+        """Grow both files (sparse) to `max_entries` so entries can be appended."""
+        if self._capacity < self.max_entries:
+            for path in (self.offset_path, self.time_path):
+                os.truncate(path, self.max_entries * ENTRY_BYTES)
+            self._remap(self.max_entries)
+
+    def _remap(self, capacity: int) -> None:
+        self._flush()
+        self._offsets = _map(self.offset_path, np.int32, (capacity, 2))
+        self._times = _map(self.time_path, np.int64, (capacity,))
+        self._capacity = capacity
+
+    # -- writing ------------------------------------------------------------------------------
+
+    @property
+    def is_full(self) -> bool:
+        return self.count >= self.max_entries
+
+    def room(self) -> int:
+        return self.max_entries - self.count
+
+    def append(self, relative_offset: int, position: int, max_timestamp: int) -> None:
+        n = self.count
+        if n >= self._capacity:
+            raise IndexFullError(f"index {self.offset_path.name} is full ({self.max_entries})")
+        self._offsets[n, 0] = relative_offset
+        self._offsets[n, 1] = position
+        self._times[n] = max_timestamp
+        self.count = n + 1
+
+    def truncate_entries(self, count: int) -> None:
+        """Keep the first `count` entries; the dropped ones are zeroed."""
+        assert 0 <= count <= self.count
+        if count < self.count:
+            self._offsets[count : self.count] = 0
+            self._times[count : self.count] = 0
+            self.count = count
+
+    def trim(self) -> None:
+        """Cut both files to the live entries (roll, clean close)."""
+        self._flush()
+        live = self.count
+        # Keep the arrays mapped: nothing reads past `count`, so the shrunken files are safe.
+        for path in (self.offset_path, self.time_path):
+            os.truncate(path, live * ENTRY_BYTES)
+        self._remap(live)
+
+    def flush(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        for array in (self._offsets, self._times):
+            if isinstance(array, np.memmap) and array.size:
+                array.flush()
+
+    def close(self) -> None:
+        self._flush()
+        self._offsets = np.zeros((0, 2), dtype=np.int32)
+        self._times = np.zeros((0,), dtype=np.int64)
+        self._capacity = 0
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def relative_offsets(self) -> np.ndarray:
+        return self._offsets[: self.count, 0]
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self._offsets[: self.count, 1]
+
+    @property
+    def max_timestamps(self) -> np.ndarray:
+        return self._times[: self.count]
+
+    def entry(self, i: int) -> tuple[int, int]:
+        return int(self._offsets[i, 0]), int(self._offsets[i, 1])
+
+    def batch_at_or_before(self, offset: int) -> int:
+        """Index of the last batch whose base offset <= `offset`, or -1."""
+        relative = offset - self.base_offset
+        if relative < 0:
+            return -1
+        relative = min(relative, np.iinfo(np.int32).max)
+        key = np.int32(relative)
+        return int(np.searchsorted(self.relative_offsets, key, side="right")) - 1
+
+    def first_batch_at_or_after(self, offset: int) -> int:
+        """Index of the first batch whose base offset >= `offset` (== count when none)."""
+        relative = offset - self.base_offset
+        if relative <= 0:
+            return 0
+        relative = min(relative, np.iinfo(np.int32).max)
+        return int(np.searchsorted(self.relative_offsets, np.int32(relative), side="left"))
+
+    def first_batch_with_timestamp_at_least(self, timestamp: int) -> int:
+        """Index of the first batch whose records may reach `timestamp` (count when none)."""
+        if not self.count:
+            return 0
+        running_max = np.maximum.accumulate(self.max_timestamps)
+        return int(np.searchsorted(running_max, np.int64(timestamp), side="left"))
+
+    def largest_timestamp(self) -> int | None:
+        return int(self.max_timestamps.max()) if self.count else None
+
+    def is_sane(self, log_size: int) -> str | None:
+        """None when the entries are plausible for a log of `log_size` bytes, else why not."""
+        if not self.count:
+            return None if log_size == 0 else "no entries for a non-empty log"
+        rel, pos = self.relative_offsets, self.positions
+        if rel[0] < 0 or pos[0] != 0:
+            return f"first entry ({rel[0]}, {pos[0]}) does not start the log"
+        if self.count > 1 and (np.any(np.diff(rel) <= 0) or np.any(np.diff(pos) <= 0)):
+            return "entries are not strictly increasing"
+        if pos[-1] >= log_size:
+            return f"last entry points at {pos[-1]}, past the log's {log_size} bytes"
+        return None

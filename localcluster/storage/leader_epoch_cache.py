@@ -1,0 +1,111 @@
+"""The leader epoch cache: which leader epoch started at which offset (KIP-101, KIP-279).
+
+Entries are (epoch, start_offset), epochs strictly increasing and start offsets non-decreasing.
+A follower asks its leader for `end_offset_for(epoch)` (OffsetForLeaderEpoch) and truncates
+exactly where its log diverges, instead of to its high watermark, which can lose committed
+records. Every change is written through to `leader-epoch-checkpoint` before it returns.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+from localcluster.storage.checkpoint import CheckpointError, leader_epoch_file
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
+
+
+class LeaderEpochCache:
+    def __init__(self, checkpoint_path: Path | None):
+        self._file = leader_epoch_file(checkpoint_path) if checkpoint_path else None
+        self._epochs: list[int] = []
+        self._starts: list[int] = []
+        if self._file is not None:
+            for epoch, start in self._file.read():
+                if epoch < 0 or start < 0 or (self._epochs and (
+                        epoch <= self._epochs[-1] or start < self._starts[-1])):  # fmt: skip
+                    raise CheckpointError(
+                        f"checkpoint {self._file.path}: entry ({epoch}, {start}) breaks the "
+                        "order (epochs increasing, start offsets non-decreasing). The file is "
+                        "corrupt; restore it or delete it to rebuild the history from nothing."
+                    )
+                self._epochs.append(epoch)
+                self._starts.append(start)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def entries(self) -> list[tuple[int, int]]:
+        return list(zip(self._epochs, self._starts, strict=True))
+
+    @property
+    def latest_epoch(self) -> int:
+        return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
+
+    def start_offset_of(self, epoch: int) -> int | None:
+        i = bisect.bisect_left(self._epochs, epoch)
+        return self._starts[i] if i < len(self._epochs) and self._epochs[i] == epoch else None
+
+    def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
+        """(largest epoch <= requested, the offset where it ends), as in KIP-279.
+
+        The end of an epoch is the start of the next one, or the log end for the latest epoch.
+        An epoch older than every entry ends at the first entry's start; an unknown newer
+        epoch, or UNDEFINED_EPOCH, answers (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET).
+        """
+        if requested_epoch == UNDEFINED_EPOCH or not self._epochs:
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        if requested_epoch == self._epochs[-1]:
+            return requested_epoch, log_end_offset
+        higher = bisect.bisect_right(self._epochs, requested_epoch)  # first epoch > requested
+        if higher == len(self._epochs):
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        if higher == 0:
+            return requested_epoch, self._starts[0]
+        return self._epochs[higher - 1], self._starts[higher]
+
+    # -- changes ------------------------------------------------------------------------------
+
+    def assign(self, epoch: int, start_offset: int) -> bool:
+        """Record that `epoch` starts at `start_offset`; drops entries it contradicts."""
+        assert epoch >= 0 and start_offset >= 0, (epoch, start_offset)
+        if self._epochs and epoch == self._epochs[-1] and start_offset >= self._starts[-1]:
+            return False
+        while self._epochs and (self._epochs[-1] >= epoch or self._starts[-1] >= start_offset):
+            self._epochs.pop()
+            self._starts.pop()
+        self._epochs.append(epoch)
+        self._starts.append(start_offset)
+        self._flush()
+        return True
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        """Forget epochs that start at or after `end_offset` (the log was truncated there)."""
+        changed = False
+        while self._starts and self._starts[-1] >= end_offset:
+            self._epochs.pop()
+            self._starts.pop()
+            changed = True
+        if changed:
+            self._flush()
+
+    def truncate_from_start(self, start_offset: int) -> None:
+        """Forget history below `start_offset`; the epoch covering it now starts there."""
+        i = bisect.bisect_right(self._starts, start_offset)  # entries starting <= start_offset
+        if i == 0 or (i == 1 and self._starts[0] == start_offset):
+            return
+        del self._epochs[: i - 1]
+        del self._starts[: i - 1]
+        self._starts[0] = start_offset
+        self._flush()
+
+    def clear(self) -> None:
+        if self._epochs:
+            self._epochs.clear()
+            self._starts.clear()
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._file is not None:
+            self._file.write(self.entries())

@@ -1,0 +1,452 @@
+"""A partition's log: a list of segments, offsets, truncation, retention, recovery.
+
+Rules:
+- Offsets are assigned here and only here: the leader's `append` rewrites each batch's
+  baseOffset and partitionLeaderEpoch in place (outside the CRC); a follower's
+  `append_as_follower` keeps the leader's offsets and epochs.
+- `log_start_offset <= recovery_point <= log_end_offset`; segments are contiguous and sorted.
+- The log knows nothing of high watermarks: readers pass `max_offset` (a consumer passes the HW).
+- Opening after a crash recovers every segment from the one holding the recovery point: each
+  batch is validated, a torn or corrupt tail is cut and logged, indexes are rebuilt. A log
+  closed cleanly leaves a `clean-shutdown` marker and is trusted after a sanity check.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from localcluster.storage import record_batch as rb
+from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT
+from localcluster.storage.leader_epoch_cache import LeaderEpochCache
+from localcluster.storage.segment import SUFFIX, CutReport, FileSlice, LogSegment
+
+log = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN = "clean-shutdown"
+INT32_MAX = 2**31 - 1
+
+
+class OffsetOutOfRangeError(Exception):
+    """A fetch or truncation offset outside [log_start_offset, log_end_offset]."""
+
+
+class RecordBatchTooLargeError(Exception):
+    """A batch larger than a whole segment (Kafka: MESSAGE_TOO_LARGE)."""
+
+
+class UnexpectedAppendOffsetError(Exception):
+    """A follower append whose offsets do not continue the log."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Kafka's topic-level log settings, in Kafka's units."""
+
+    segment_bytes: int = 1 << 30  # log.segment.bytes
+    segment_index_bytes: int = 10 << 20  # log.index.size.max.bytes
+    retention_bytes: int = -1  # log.retention.bytes (-1: no limit)
+    retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
+    prefault_bytes: int = 4 << 20  # pages prefaulted ahead of the write position
+
+    def __post_init__(self):
+        if not 2 * rb.HEADER_SIZE <= self.segment_bytes <= INT32_MAX:
+            raise ValueError(
+                f"log.segment.bytes={self.segment_bytes} must lie in [{2 * rb.HEADER_SIZE}, "
+                f"{INT32_MAX}] (index positions are int32)"
+            )
+        if self.segment_index_bytes < 8:
+            raise ValueError(f"log.index.size.max.bytes={self.segment_index_bytes} is below 8")
+
+    @property
+    def max_index_entries(self) -> int:
+        return self.segment_index_bytes // 8
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    records_count: int
+    valid_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole batches from one segment, starting with the batch that holds `fetch_offset`."""
+
+    fetch_offset: int
+    slices: tuple[FileSlice, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(s.length for s in self.slices)
+
+    def tobytes(self) -> bytes:
+        return b"".join(s.tobytes() for s in self.slices)
+
+
+class Log:
+    def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
+                 recovery_point: int):  # fmt: skip
+        assert segments
+        self.directory = directory
+        self.config = config
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.leader_epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
+        self.recovery_point = min(max(recovery_point, self.log_start_offset), self.log_end_offset)
+        self.cuts: list[CutReport] = []
+
+    # -- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path | str, config: LogConfig | None = None,
+             recovery_point: int = 0, log_start_offset: int = 0) -> Log:  # fmt: skip
+        """Open (creating when new) the log in `directory`, recovering it after a crash.
+
+        `log_start_offset` only places the first segment of a new, empty log.
+        """
+        directory = Path(directory)
+        config = config or LogConfig()
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = directory / CLEAN_SHUTDOWN
+        clean = marker.exists()
+        _remove_leftovers(directory)
+        bases = sorted(int(p.stem) for p in directory.glob("*" + SUFFIX) if p.stem.isdigit())
+        segments: list[LogSegment] = []
+        cuts: list[CutReport] = []
+        recovered: list[LogSegment] = []
+        for k, base in enumerate(bases):
+            segment = LogSegment.open_existing(directory, base, config.segment_bytes,
+                                               config.max_index_entries, config.prefault_bytes)  # fmt: skip
+            is_last = k + 1 == len(bases)
+            holds_recovery_point = is_last or bases[k + 1] > recovery_point
+            cut = None
+            if (not clean and holds_recovery_point) or recovered or not segment.load_trusted():
+                cut = segment.recover()
+                recovered.append(segment)
+            segments.append(segment)
+            if cut is not None:
+                cuts.append(cut)
+                log.warning(
+                    "log %s: recovery cut %d bytes at position %d of %s (%s); %d later "
+                    "segment(s) removed", directory, cut.bytes_cut, cut.position, cut.segment,
+                    cut.reason, len(bases) - k - 1,
+                )  # fmt: skip
+                for later in bases[k + 1 :]:
+                    _delete_segment_files(directory, later)
+                break
+        if not segments:
+            segments.append(LogSegment.create(directory, log_start_offset, config.segment_bytes,
+                                              config.max_index_entries, config.prefault_bytes))  # fmt: skip
+        segments[-1].make_appendable()
+        opened = cls(directory, config, segments, recovery_point)
+        opened.cuts = cuts
+        opened._rebuild_epochs_from(recovered)
+        opened.leader_epoch_cache.truncate_from_end(opened.log_end_offset)
+        opened.leader_epoch_cache.truncate_from_start(opened.log_start_offset)
+        marker.unlink(missing_ok=True)
+        if recovered:
+            opened.recovery_point = opened.log_end_offset
+        return opened
+
+    def _rebuild_epochs_from(self, segments: list[LogSegment]) -> None:
+        cache = self.leader_epoch_cache
+        for segment in segments:
+            for i in range(segment.index.count):
+                header = segment.batch_header(i)
+                epoch = header.partition_leader_epoch
+                if epoch > cache.latest_epoch:
+                    cache.assign(epoch, header.base_offset)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def segments(self) -> tuple[LogSegment, ...]:
+        return tuple(self._segments)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch's answer: (largest epoch <= `epoch`, its end offset)."""
+        return self.leader_epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    # -- appending ----------------------------------------------------------------------------
+
+    def append(self, records, leader_epoch: int) -> AppendInfo:
+        """Append a leader's batches (validated first): assign offsets from the log end and
+        stamp `leader_epoch`. Nothing is appended when any batch is invalid."""
+        assert leader_epoch >= 0
+        data = memoryview(records)
+        batches = self._validate(data)
+        if leader_epoch > self.leader_epoch_cache.latest_epoch:
+            self.leader_epoch_cache.assign(leader_epoch, self.log_end_offset)
+        first = offset = self.log_end_offset
+        for start, header in batches:
+            self._maybe_roll(header, offset)
+            self.active_segment.append_batch(data, start, header, offset, leader_epoch)
+            offset += header.records_count
+        return self._append_info(first, offset - 1, batches)
+
+    def append_as_follower(self, records) -> AppendInfo:
+        """Append batches copied from the leader, keeping their offsets and epochs."""
+        data = memoryview(records)
+        batches = self._validate(data)
+        expected = self.log_end_offset
+        for _, header in batches:
+            if header.base_offset < expected:
+                raise UnexpectedAppendOffsetError(
+                    f"log {self.directory}: batch at offset {header.base_offset} does not "
+                    f"follow {expected}; truncate the follower first"
+                )
+            expected = header.next_offset
+        cache = self.leader_epoch_cache
+        for start, header in batches:
+            if header.partition_leader_epoch > cache.latest_epoch:
+                cache.assign(header.partition_leader_epoch, header.base_offset)
+            self._maybe_roll(header, header.base_offset)
+            self.active_segment.append_batch(data, start, header, header.base_offset,
+                                             header.partition_leader_epoch)  # fmt: skip
+        return self._append_info(batches[0][1].base_offset, batches[-1][1].last_offset, batches)
+
+    def _validate(self, data: memoryview) -> list[tuple[int, rb.BatchHeader]]:
+        if not len(data):
+            raise rb.CorruptRecordError("no record batch in the request")
+        batches = list(rb.iter_batches(data))
+        for _, header in batches:
+            if header.size > self.config.segment_bytes:
+                raise RecordBatchTooLargeError(
+                    f"batch of {header.size} bytes is larger than log.segment.bytes="
+                    f"{self.config.segment_bytes}"
+                )
+        return batches
+
+    @staticmethod
+    def _append_info(first: int, last: int, batches) -> AppendInfo:
+        return AppendInfo(
+            first_offset=first,
+            last_offset=last,
+            max_timestamp=max(h.max_timestamp for _, h in batches),
+            records_count=sum(h.records_count for _, h in batches),
+            valid_bytes=sum(h.size for _, h in batches),
+        )
+
+    def _maybe_roll(self, header: rb.BatchHeader, base_offset: int) -> None:
+        active = self.active_segment
+        fits = active.can_hold(header.size, 1)
+        relative_ok = base_offset + header.last_offset_delta - active.base_offset <= INT32_MAX
+        if (fits and relative_ok) or active.size == 0:
+            return
+        self.roll(base_offset)
+
+    def roll(self, new_base_offset: int | None = None) -> LogSegment:
+        """Seal the active segment and start a new one at the log end."""
+        base = self.log_end_offset if new_base_offset is None else new_base_offset
+        assert base >= self.log_end_offset
+        self.active_segment.seal()
+        segment = LogSegment.create(self.directory, base, self.config.segment_bytes,
+                                    self.config.max_index_entries, self.config.prefault_bytes)  # fmt: skip
+        self._segments.append(segment)
+        self._bases.append(base)
+        return segment
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None,
+             min_one_batch: bool = True) -> ReadResult:  # fmt: skip
+        """Whole batches from the one holding `fetch_offset`, up to `max_bytes` (at least one
+        batch when `min_one_batch`, as in KIP-74), ending before the batch that holds
+        `max_offset` (a consumer passes the high watermark)."""
+        if not self.log_start_offset <= fetch_offset <= self.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {fetch_offset} is outside the log's range [{self.log_start_offset}, "
+                f"{self.log_end_offset}]"
+            )
+        upper = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+        empty = ReadResult(fetch_offset, ())
+        k = bisect.bisect_right(self._bases, fetch_offset) - 1
+        while k < len(self._segments) and fetch_offset < upper:
+            segment = self._segments[k]
+            index = segment.index
+            first = max(index.batch_at_or_before(fetch_offset), 0)
+            if first >= index.count or fetch_offset >= segment.next_offset:
+                k += 1  # the offset is this segment's end: the next one starts there
+                continue
+            positions = index.positions
+            start = int(positions[first])
+            stop = self._end_position(segment, upper)
+            if stop <= start:
+                return empty
+            limit = start + max_bytes
+            if stop > limit:
+                last = int(positions.searchsorted(positions.dtype.type(min(limit, INT32_MAX)),
+                                                  side="right")) - 1  # fmt: skip
+                boundary = int(positions[last + 1]) if last + 1 < index.count else segment.size
+                stop = boundary if boundary <= limit else int(positions[last])
+                if stop <= start:
+                    if not min_one_batch:
+                        return empty
+                    stop = int(positions[first + 1]) if first + 1 < index.count else segment.size
+            return ReadResult(fetch_offset, (FileSlice(segment, start, stop - start),))
+        return empty
+
+    @staticmethod
+    def _end_position(segment: LogSegment, upper: int) -> int:
+        """Position of the first batch whose last offset >= `upper` (or the segment end)."""
+        index = segment.index
+        j = index.batch_at_or_before(upper)
+        if j < 0:
+            return 0
+        next_base = (segment.base_offset + int(index.relative_offsets[j + 1])
+                     if j + 1 < index.count else segment.next_offset)  # fmt: skip
+        if next_base > upper:  # batch j holds `upper`: stop before it
+            return int(index.positions[j])
+        return int(index.positions[j + 1]) if j + 1 < index.count else segment.size
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record whose timestamp >= `timestamp`, or None.
+
+        In a compressed batch the broker does not decode records: the answer is the batch's
+        base offset and max timestamp.
+        """
+        for segment in self._segments:
+            largest = segment.largest_timestamp()
+            if largest is None or largest < timestamp:
+                continue
+            i = segment.index.first_batch_with_timestamp_at_least(timestamp)
+            header = segment.batch_header(i)
+            _, position = segment.index.entry(i)
+            with segment.view(position, header.size) as batch:
+                if header.compression:
+                    return header.base_offset, header.max_timestamp
+                for record in rb.iter_records(batch):
+                    if record.timestamp >= timestamp:
+                        return record.offset, record.timestamp
+        return None
+
+    # -- truncation and retention -------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every record at or after `offset` (whole batches). Returns bytes removed."""
+        if offset >= self.log_end_offset:
+            return 0
+        if offset < self.log_start_offset:
+            removed = self.size_in_bytes
+            self.truncate_fully_and_start_at(offset)
+            return removed
+        removed = 0
+        while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+            segment = self._segments.pop()
+            self._bases.pop()
+            removed += segment.size
+            segment.delete()
+        active = self.active_segment
+        active.make_appendable()
+        removed += active.truncate_to(offset)
+        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        log.info("log %s truncated to offset %d (%d bytes removed)", self.directory,
+                 self.log_end_offset, removed)  # fmt: skip
+        return removed
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and start an empty log at `offset`."""
+        for segment in self._segments:
+            segment.delete()
+        self._segments = [LogSegment.create(self.directory, offset, self.config.segment_bytes,
+                                            self.config.max_index_entries,
+                                            self.config.prefault_bytes)]  # fmt: skip
+        self._bases = [offset]
+        self.leader_epoch_cache.clear()
+        self.recovery_point = offset
+        log.info("log %s emptied; it now starts at offset %d", self.directory, offset)
+
+    def delete_old_segments(self, now_ms: int, high_watermark: int | None = None) -> int:
+        """Retention: delete whole old segments past `retention.ms` or over `retention.bytes`.
+
+        Never the active segment, and only segments wholly below `high_watermark`.
+        Returns how many were deleted.
+        """
+        config = self.config
+        limit = self.log_end_offset if high_watermark is None else high_watermark
+        excess = self.size_in_bytes - config.retention_bytes
+        deleted = 0
+        while len(self._segments) > 1 and self._segments[1].base_offset <= limit:
+            segment = self._segments[0]
+            largest = segment.largest_timestamp()
+            expired = config.retention_ms >= 0 and largest is not None and (
+                now_ms - largest > config.retention_ms
+            )
+            oversize = config.retention_bytes >= 0 and excess - segment.size >= 0
+            if not (expired or oversize):
+                break
+            excess -= segment.size
+            self._segments.pop(0)
+            self._bases.pop(0)
+            segment.delete()
+            deleted += 1
+            log.info("log %s: retention deleted segment %s (%s)", self.directory,
+                     segment.path.name, "retention.ms" if expired else "retention.bytes")  # fmt: skip
+        if deleted:
+            self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
+        return deleted
+
+    # -- durability ---------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """msync every segment the recovery point has not passed; returns the new point."""
+        end = self.log_end_offset
+        k = max(bisect.bisect_right(self._bases, self.recovery_point) - 1, 0)
+        for segment in self._segments[k:]:
+            segment.flush()
+        self.recovery_point = end
+        return end
+
+    def close(self) -> None:
+        """Flush, trim the active segment, and leave the clean-shutdown marker."""
+        self.flush()
+        for segment in self._segments:
+            segment.close()
+        (self.directory / CLEAN_SHUTDOWN).touch()
+
+    def delete(self) -> None:
+        """Remove the log and its directory (StopReplica with delete)."""
+        for segment in self._segments:
+            segment.delete()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _delete_segment_files(directory: Path, base_offset: int) -> None:
+    for suffix in (SUFFIX, ".index", ".timeindex"):
+        (directory / f"{base_offset:020d}{suffix}").unlink(missing_ok=True)
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Temp files from an interrupted checkpoint write, indexes without their segment."""
+    for path in directory.iterdir():
+        if path.suffix == ".tmp":
+            path.unlink(missing_ok=True)
+        elif path.suffix in (".index", ".timeindex") and not path.with_suffix(SUFFIX).exists():
+            log.info("log %s: removing %s, whose segment is gone", directory, path.name)
+            path.unlink(missing_ok=True)
+
