@@ -1,0 +1,1 @@
+"""Tools users run: demos, inspection, and later perf and chaos. Faces over the package."""
