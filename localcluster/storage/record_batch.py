@@ -186,10 +186,10 @@ def encode_batch(records: Sequence[Record], spec: BatchSpec | None = None) -> by
     if records[0].timestamp is not None and spec.base_timestamp == 0:
         base_ts = records[0].timestamp
     body = bytearray()
-    max_ts = base_ts
+    max_ts = None  # the largest record timestamp; the base may lie above every record's
     for delta, record in enumerate(records):
         ts = base_ts if record.timestamp is None else record.timestamp
-        max_ts = max(max_ts, ts)
+        max_ts = ts if max_ts is None else max(max_ts, ts)
         body += encode_record(record, delta, ts - base_ts)
     return _assemble(spec, len(records) - 1, base_ts, max_ts, len(records), bytes(body))
 
