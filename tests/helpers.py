@@ -1,0 +1,67 @@
+"""Small helpers shared by the tests: waiting on a condition, and storage scans.
+
+Append only: several test modules (and engineers) share this file.
+"""
+
+from __future__ import annotations
+
+import time
+
+# -- waiting ------------------------------------------------------------------------------------
+
+
+def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.002, message: str = ""):
+    """Return predicate()'s first truthy value; fail (AssertionError) when the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s: {message or predicate}")
+        time.sleep(interval_s)
+
+
+# -- storage: what a log holds, read by a plain scan (the oracle for the indexes) ---------------
+
+
+def scan_segment(segment):
+    """(position, header) of every batch in `segment`, found by walking batchLength fields."""
+    from localcluster.storage import record_batch as rb
+
+    out = []
+    position = 0
+    with segment.view(0, segment.size) as data:
+        while position < segment.size:
+            header = rb.validate_batch(data, position)
+            out.append((position, header))
+            position += header.size
+    return out
+
+
+def scan_log(log):
+    """[(segment base, position, header, batch bytes)] of every batch, in log order."""
+    out = []
+    for segment in log.segments:
+        for position, header in scan_segment(segment):
+            with segment.view(position, header.size) as v:
+                out.append((segment.base_offset, position, header, bytes(v)))
+    return out
+
+
+def check_indexes_agree(log) -> None:
+    """Assert each segment's index and time index list exactly the batches a scan finds."""
+    for segment in log.segments:
+        scanned = scan_segment(segment)
+        index = segment.index
+        assert index.count == len(scanned), (segment, index.count, len(scanned))
+        for i, (position, header) in enumerate(scanned):
+            assert index.entry(i) == (header.base_offset - segment.base_offset, position), (
+                segment, i, index.entry(i), position, header.base_offset)
+            assert int(index.max_timestamps[i]) == header.max_timestamp, (segment, i)
+        expected_next = scanned[-1][1].next_offset if scanned else segment.base_offset
+        assert segment.next_offset == expected_next, (segment, expected_next)
+    bases = [s.base_offset for s in log.segments]
+    assert bases == sorted(bases) and len(set(bases)) == len(bases), bases
+    for earlier, later in zip(log.segments, log.segments[1:]):
+        assert earlier.next_offset <= later.base_offset, (earlier, later)
