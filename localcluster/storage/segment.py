@@ -168,6 +168,9 @@ class LogSegment:
         """Regrow the file and indexes to full size so batches can be appended."""
         if self.appendable:
             return
+        # A segment written under a larger log.segment.bytes keeps its data: never cut below it
+        # (it simply holds no more and rolls on the next append).
+        self.capacity = max(self.capacity, self.size)
         os.ftruncate(self._file.fileno(), self.capacity)
         if self._mapped < self.capacity:
             self._map(self.capacity)
