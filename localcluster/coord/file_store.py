@@ -1,0 +1,309 @@
+"""The file backend's on-disk znode store: layout, the store lock, the journal, the changelog.
+
+Layout of a store directory (see docs/coordination.md):
+    lock                 flock'ed: shared by readers, exclusive by the one writer
+    zxid                 the store-wide transaction counter (20 ASCII digits)
+    journal              present only while a mutation is being applied (write-ahead intent)
+    changes              the changelog: one JSON line per zxid, tailed by every client's watches
+    tree/<name>/.../%znode   one file per znode: a fixed header (the stat), child names, data
+    ephemerals/<session>     the paths of a session's ephemeral znodes (so a reaper finds them)
+    sessions/<session>       one file per live session, flock'ed by its owner (file_session.py)
+    tmp/                 staging for atomic renames; leftovers are swept by the next recovery
+
+Rules: every mutation runs under the exclusive lock and is staged first: new znode files are
+written in tmp/, then the journal (itself written by rename) lists every rename and unlink, then
+they are applied, the changelog line appended and the counter bumped, then the journal removed.
+A process killed anywhere in that sequence leaves either no journal (nothing visible happened)
+or a complete journal that the next lock holder replays; every journal step is idempotent.
+Readers hold the shared lock, so they never see half of a multi-znode mutation, and a znode
+file is only ever replaced by rename, so no reader sees a torn znode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import itertools
+import json
+import os
+import shutil
+import struct
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+
+from localcluster.coord.interface import BadPathError, CoordinationError, ZnodeStat
+
+ZNODE_FILE = "%znode"  # '%' is always percent-encoded in child directory names: no clash
+NAME_BYTES_MAX = 255  # a directory entry on Linux filesystems
+CHANGELOG_ROTATE_BYTES = 8 << 20
+_HEADER = struct.Struct("<4s9qII")  # magic, 9 counters, children bytes, data bytes
+_MAGIC = b"ZND1"
+
+
+class StoreCorruptError(CoordinationError):
+    """A store file failed validation; the message names the file and how to recover."""
+
+
+@dataclass
+class Znode:
+    data: bytes
+    czxid: int
+    mzxid: int
+    pzxid: int
+    ctime: int
+    mtime: int
+    ephemeral_owner: int = 0
+    version: int = 0
+    cversion: int = 0
+    # ZooKeeper 3.8 numbers sequential children by the creates under this znode (its
+    # cversion counts the deletes as well; the contract tests hold us to the server).
+    child_creates: int = 0
+    children: list[str] = field(default_factory=list)
+
+    def stat(self) -> ZnodeStat:
+        return ZnodeStat(
+            self.czxid, self.mzxid, self.ctime, self.mtime, self.version, self.cversion,
+            0, self.ephemeral_owner, len(self.data), len(self.children), self.pzxid,
+        )  # fmt: skip
+
+    def encode(self) -> bytes:
+        names = "\0".join(self.children).encode()
+        header = _HEADER.pack(
+            _MAGIC, self.czxid, self.mzxid, self.pzxid, self.ctime, self.mtime,
+            self.ephemeral_owner, self.version, self.cversion, self.child_creates,
+            len(names), len(self.data),
+        )  # fmt: skip
+        return header + names + self.data
+
+    @classmethod
+    def decode(cls, raw: bytes, where: str) -> Znode:
+        if len(raw) < _HEADER.size:
+            raise StoreCorruptError(
+                f"znode file {where} is {len(raw)} bytes, shorter than its header"
+            )
+        magic, *stat, names_len, data_len = _HEADER.unpack_from(raw)
+        if magic != _MAGIC or _HEADER.size + names_len + data_len != len(raw):
+            raise StoreCorruptError(
+                f"znode file {where} is not a valid znode (bad magic or length); "
+                "it was not written by this store version: restore or delete the store directory"
+            )
+        names = raw[_HEADER.size : _HEADER.size + names_len].decode()
+        return cls(
+            raw[_HEADER.size + names_len :], *stat, children=names.split("\0") if names else []
+        )
+
+
+def encode_name(name: str) -> str:
+    encoded = urllib.parse.quote(name, safe="")
+    if len(encoded.encode()) > NAME_BYTES_MAX:
+        raise BadPathError(
+            f"znode name {name[:40]!r}... is {len(encoded)} bytes once percent-encoded; the file "
+            f"backend stores names as directory entries, limited to {NAME_BYTES_MAX} bytes"
+        )
+    return encoded
+
+
+class FileStore:
+    """One process's handle on a store directory. Not thread-safe by itself: callers hold
+    `shared()` or `exclusive()`, which also serialise the threads of this handle."""
+
+    def __init__(self, root: str, fsync: bool = False):
+        self.root = os.path.abspath(root)
+        self.fsync = fsync
+        self._thread_lock = threading.RLock()
+        self._temp_names = itertools.count()
+        self._depth = 0
+        for sub in ("tree", "tmp", "sessions", "ephemerals"):
+            os.makedirs(self.path(sub), exist_ok=True)
+        self._lock_fd = os.open(self.path("lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        self._zxid_fd = os.open(self.path("zxid"), os.O_RDWR | os.O_CREAT, 0o644)
+        with self.exclusive():
+            if self.read_znode("/") is None:  # a fresh store: the root exists from zxid 0
+                self._write_file(self.znode_file("/"), Znode(b"", 0, 0, 0, 0, 0).encode())
+            if not os.path.exists(self.path("changes")):
+                self._write_file(self.path("changes"), json.dumps([0, None]).encode() + b"\n")
+
+    def close(self) -> None:
+        for fd in (self._lock_fd, self._zxid_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def znode_dir(self, path: str) -> str:
+        if path == "/":
+            return self.path("tree")
+        return self.path("tree", *(encode_name(n) for n in path[1:].split("/")))
+
+    def znode_file(self, path: str) -> str:
+        return os.path.join(self.znode_dir(path), ZNODE_FILE)
+
+    # -- locking -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._thread_lock:
+            if self._depth:
+                yield
+                return
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            self._depth += 1
+            try:
+                if os.path.exists(self.path("journal")):  # a writer died mid-mutation
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+                    self.recover()
+                yield
+            finally:
+                self._depth -= 1
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._thread_lock:
+            assert self._depth == 0, "the store lock is not re-entrant across shared/exclusive"
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                if os.path.exists(self.path("journal")):
+                    self.recover()
+                yield
+            finally:
+                self._depth -= 1
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    # -- reading (caller holds a lock) ---------------------------------------------------------
+
+    def read_zxid(self) -> int:
+        raw = os.pread(self._zxid_fd, 32, 0)
+        return int(raw) if raw.strip() else 0
+
+    def read_znode(self, path: str) -> Znode | None:
+        where = self.znode_file(path)
+        try:
+            with open(where, "rb") as f:
+                raw = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return Znode.decode(raw, where)
+
+    def read_file(self, relative: str) -> bytes | None:
+        try:
+            with open(self.path(relative), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    # -- writing (caller holds the exclusive lock) ---------------------------------------------
+
+    def _write_file(self, target: str, raw: bytes) -> None:
+        temp = self.path("tmp", f"{os.getpid()}.{next(self._temp_names)}")
+        self._write_temp(temp, raw)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.rename(temp, target)
+
+    def _write_temp(self, temp: str, raw: bytes) -> None:
+        with open(temp, "wb") as f:
+            f.write(raw)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+
+    def commit(self, zxid: int, nodes: dict, files: dict, changes: list) -> None:
+        """Apply one mutation: nodes maps path -> Znode or None (deleted), files maps a
+        store-relative path -> bytes or None, changes are the changelog's (type, path) pairs."""
+        self.maybe_rotate_changelog()
+        puts, deletes = [], []
+        for path in sorted(nodes, key=lambda p: p.count("/")):  # parents before children
+            target = os.path.relpath(self.znode_file(path), self.root)
+            if nodes[path] is None:
+                deletes.append(os.path.dirname(target))
+            else:
+                puts.append([target, self._stage(nodes[path].encode())])
+        for relative, raw in files.items():
+            if raw is None:
+                deletes.append(relative)
+            else:
+                puts.append([relative, self._stage(raw)])
+        deletes.sort(key=lambda p: -p.count("/"))  # children before parents
+        journal = {"zxid": zxid, "puts": puts, "deletes": deletes, "changes": changes}
+        self._write_file(self.path("journal"), json.dumps(journal).encode())
+        self._apply(journal)
+
+    def _stage(self, raw: bytes) -> str:
+        relative = os.path.join("tmp", f"{os.getpid()}.{next(self._temp_names)}")
+        self._write_temp(self.path(relative), raw)
+        return relative
+
+    def _apply(self, journal: dict) -> None:
+        for relative in journal["deletes"]:
+            self._remove(self.path(relative))
+        for target, staged in journal["puts"]:
+            target = self.path(target)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):  # already renamed by an earlier try
+                os.rename(self.path(staged), target)
+        self._append_changelog(journal["zxid"], journal["changes"])
+        os.pwrite(self._zxid_fd, b"%020d\n" % journal["zxid"], 0)
+        os.unlink(self.path("journal"))
+
+    def _remove(self, target: str) -> None:
+        if os.path.basename(target) == ZNODE_FILE or not target.startswith(self.path("tree")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(target, ZNODE_FILE))
+        try:
+            os.rmdir(target)
+        except FileNotFoundError:
+            pass
+        except OSError as error:  # stale directories of znodes deleted earlier: never visible
+            if error.errno != errno.ENOTEMPTY:
+                raise
+            shutil.rmtree(target)
+
+    def _append_changelog(self, zxid: int, changes: list) -> None:
+        line = json.dumps([zxid, changes], separators=(",", ":")).encode() + b"\n"
+        fd = os.open(self.path("changes"), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, line)  # closing it is the inotify event watchers wake on
+        finally:
+            os.close(fd)
+
+    def maybe_rotate_changelog(self) -> None:
+        """Start a fresh changelog when it grows past its bound. Its header line carries the
+        last zxid before it, so a reader that skipped a whole file knows it missed changes."""
+        if os.stat(self.path("changes")).st_size < CHANGELOG_ROTATE_BYTES:
+            return
+        header = json.dumps([self.read_zxid(), None]).encode() + b"\n"
+        self._write_file(self.path("changes"), header)
+
+    def recover(self) -> None:
+        """Finish the mutation a dead writer left behind (caller holds the exclusive lock)."""
+        raw = self.read_file("journal")
+        if raw is not None:
+            try:
+                journal = json.loads(raw)
+            except ValueError as error:  # impossible: the journal itself lands by rename
+                raise StoreCorruptError(
+                    f"journal {self.path('journal')} is unreadable: {error}"
+                ) from None
+            self._truncate_torn_changelog()
+            self._apply(journal)
+        for leftover in os.listdir(self.path("tmp")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path("tmp", leftover))
+
+    def _truncate_torn_changelog(self) -> None:
+        with open(self.path("changes"), "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            tail_start = max(0, size - 65536)
+            f.seek(tail_start)
+            tail = f.read()
+            if tail.endswith(b"\n") or not tail:
+                return
+            cut = tail.rfind(b"\n")
+            f.truncate(tail_start + cut + 1 if cut >= 0 else tail_start)

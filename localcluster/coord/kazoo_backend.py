@@ -1,0 +1,176 @@
+"""The real-ZooKeeper backend: a thin adapter over kazoo.
+
+What lives here: `KazooCoordinationClient`, which validates paths with the same rules as the
+file backend, forwards each call to kazoo, and translates kazoo's results into ours: its
+exceptions to the errors in interface.py (also inside transaction results), its ZnodeStat to
+ours, its WatchedEvent to ours. Rules: no ZooKeeper semantics are re-implemented here, so the
+contract tests measure the file backend against ZooKeeper itself. Watch callbacks run on
+kazoo's single callback thread, in order, like the file backend's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from kazoo import exceptions as kazoo_errors
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+
+from localcluster.coord import interface, paths
+from localcluster.coord.interface import (
+    CoordinationClient,
+    EventType,
+    TransactionRequest,
+    WatchedEvent,
+    ZnodeStat,
+)
+
+# Kafka's zookeeper.session.timeout.ms before 2.5; ZooKeeper clamps it to [2, 20] x tickTime.
+DEFAULT_SESSION_TIMEOUT_MS = 6000
+
+_ERRORS = {
+    kazoo_errors.NoNodeError: interface.NoNodeError,
+    kazoo_errors.NodeExistsError: interface.NodeExistsError,
+    kazoo_errors.BadVersionError: interface.BadVersionError,
+    kazoo_errors.NotEmptyError: interface.NotEmptyError,
+    kazoo_errors.NoChildrenForEphemeralsError: interface.NoChildrenForEphemeralsError,
+    kazoo_errors.SessionExpiredError: interface.SessionExpiredError,
+    kazoo_errors.ConnectionClosedError: interface.SessionExpiredError,
+    kazoo_errors.ConnectionLoss: interface.ConnectionLossError,
+    kazoo_errors.RolledBackError: interface.RolledBackError,
+    kazoo_errors.RuntimeInconsistency: interface.RuntimeInconsistencyError,
+    kazoo_errors.BadArgumentsError: interface.BadArgumentsError,
+}
+
+
+def translate(error: BaseException, path: str | None = None) -> BaseException:
+    for kazoo_class, ours in _ERRORS.items():
+        if isinstance(error, kazoo_class):
+            where = f" at {path}" if path else ""
+            return ours(f"ZooKeeper: {type(error).__name__}{where}")
+    if isinstance(error, kazoo_errors.ZookeeperError | KazooTimeoutError):
+        return interface.CoordinationError(
+            f"ZooKeeper: {type(error).__name__}{' at ' + path if path else ''}: {error}"
+        )
+    return error
+
+
+@contextlib.contextmanager
+def _translated(path: str | None = None):
+    try:
+        yield
+    except (kazoo_errors.KazooException, KazooTimeoutError) as error:
+        raise translate(error, path) from error
+
+
+class KazooCoordinationClient(CoordinationClient):
+    def __init__(
+        self, hosts: str, session_timeout_ms: int | None = None, connect_timeout_s: float = 15.0
+    ):
+        self.hosts = hosts
+        self.session_timeout_ms = session_timeout_ms or DEFAULT_SESSION_TIMEOUT_MS
+        self.connect_timeout_s = connect_timeout_s
+        self._kazoo = KazooClient(hosts=hosts, timeout=self.session_timeout_ms / 1000)
+        self._wrappers: dict = {}
+        self._wrappers_lock = threading.Lock()
+
+    @property
+    def kazoo(self) -> KazooClient:
+        return self._kazoo
+
+    def start(self) -> None:
+        try:
+            self._kazoo.start(timeout=self.connect_timeout_s)
+        except KazooTimeoutError:
+            self._kazoo.close()
+            raise interface.ConnectionLossError(
+                f"could not connect to ZooKeeper at {self.hosts} within {self.connect_timeout_s:.0f} s; "
+                "is the server running and the port right?"
+            ) from None
+
+    def stop(self) -> None:
+        self._kazoo.stop()
+        self._kazoo.close()
+
+    @property
+    def session_id(self) -> int:
+        return self._kazoo.client_id[0]
+
+    @property
+    def client_id(self) -> tuple[int, bytes]:
+        return self._kazoo.client_id
+
+    def _wrap(self, watch):
+        """One kazoo-facing function per user callback, so kazoo's per-function dedup holds."""
+        if watch is None:
+            return None
+        with self._wrappers_lock:
+            wrapper = self._wrappers.get(watch)
+            if wrapper is None:
+
+                def wrapper(event, watch=watch):
+                    return watch(WatchedEvent(EventType(event.type), event.state, event.path))
+
+                self._wrappers[watch] = wrapper
+        return wrapper
+
+    def create(self, path, value=b"", ephemeral=False, sequence=False, makepath=False) -> str:
+        paths.validate_path(path, sequential=sequence)
+        with _translated(path):
+            return self._kazoo.create(
+                path, value, ephemeral=ephemeral, sequence=sequence, makepath=makepath
+            )
+
+    def get(self, path, watch=None):
+        paths.validate_path(path)
+        with _translated(path):
+            data, stat = self._kazoo.get(path, watch=self._wrap(watch))
+        return data, ZnodeStat(*stat)
+
+    def set(self, path, value, version=-1) -> ZnodeStat:
+        paths.validate_path(path)
+        with _translated(path):
+            return ZnodeStat(*self._kazoo.set(path, value, version))
+
+    def delete(self, path, version=-1, recursive=False) -> bool:
+        paths.validate_path(path)
+        with _translated(path):
+            return self._kazoo.delete(path, version, recursive=recursive)
+
+    def exists(self, path, watch=None):
+        paths.validate_path(path)
+        with _translated(path):
+            stat = self._kazoo.exists(path, watch=self._wrap(watch))
+        return None if stat is None else ZnodeStat(*stat)
+
+    def get_children(self, path, watch=None) -> list[str]:
+        paths.validate_path(path)
+        with _translated(path):
+            return self._kazoo.get_children(path, watch=self._wrap(watch))
+
+    def ensure_path(self, path) -> bool:
+        paths.validate_path(path)
+        with _translated(path):
+            return bool(self._kazoo.ensure_path(path))
+
+    def transaction(self) -> TransactionRequest:
+        return TransactionRequest(self._commit_transaction)
+
+    def _commit_transaction(self, requested: list[tuple]) -> list:
+        transaction = self._kazoo.transaction()
+        for kind, path, *arguments in requested:
+            paths.validate_path(path, sequential=kind == "create" and arguments[2])
+            if kind == "create":
+                value, ephemeral, sequence = arguments
+                transaction.create(path, value, ephemeral=ephemeral, sequence=sequence)
+            else:
+                getattr(transaction, kind)(path, *arguments)
+        with _translated():
+            results = transaction.commit()
+        return [
+            translate(result) if isinstance(result, Exception)
+            else ZnodeStat(*result) if isinstance(result, tuple) and not isinstance(result, str)
+            else result
+            for result in results
+        ]  # fmt: skip

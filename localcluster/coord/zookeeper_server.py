@@ -1,0 +1,137 @@
+"""Start and stop a private standalone ZooKeeper server (Debian's `zookeeper` package).
+
+Used by the test session (tests/zookeeper.py) and bench.coord to run the real backend: a
+ZooKeeperServerMain JVM with its own config, data directory and free client port, the admin
+server off, stopped by its pid. Rules: never touches the system's ZooKeeper configuration or
+service; every file it writes is under the given work directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+
+ZOOKEEPER_HOME = "/usr/share/zookeeper"
+ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"  # its manifest's Class-Path names the rest
+MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+
+class ZooKeeperUnavailable(RuntimeError):
+    """ZooKeeper or Java is not installed, or the server did not come up."""
+
+
+def installation_problem() -> str | None:
+    """None when a server can be started here, else what is missing and how to get it."""
+    if not os.path.exists(ZOOKEEPER_JAR):
+        return f"{ZOOKEEPER_JAR} is missing: install Debian's zookeeper package (make system-deps)"
+    if not _java():
+        return "no java on PATH: install a JRE (Debian's zookeeper package depends on one)"
+    return None
+
+
+def _java() -> str | None:
+    for candidate in (
+        "/usr/bin/java",
+        os.path.join(os.environ.get("JAVA_HOME", "/nonexistent"), "bin/java"),
+    ):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def four_letter_word(port: int, word: str = "ruok", timeout_s: float = 1.0) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as connection:
+        connection.sendall(word.encode())
+        return connection.recv(4096).decode(errors="replace")
+
+
+class ZooKeeperServer:
+    def __init__(self, work_dir: str, tick_time_ms: int = 500, force_sync: bool = False):
+        self.work_dir = work_dir
+        self.tick_time_ms = tick_time_ms  # sessions may be 2..20 ticks: 1 s..10 s here
+        self.force_sync = force_sync
+        self.port = 0
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"zookeeper://127.0.0.1:{self.port}"
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0, attempts: int = 3) -> ZooKeeperServer:
+        problem = installation_problem()
+        if problem:
+            raise ZooKeeperUnavailable(problem)
+        for _attempt in range(attempts):  # a free port can be taken between probe and bind
+            self.port = free_port()
+            self._launch()
+            if self._wait_ready(timeout_s):
+                return self
+            self.stop()
+        raise ZooKeeperUnavailable(
+            f"ZooKeeper did not answer 'ruok' within {timeout_s:.0f} s after {attempts} attempts; "
+            f"see {os.path.join(self.work_dir, 'zookeeper.log')}"
+        )
+
+    def _launch(self) -> None:
+        data_dir = os.path.join(self.work_dir, "data")
+        os.makedirs(data_dir, exist_ok=True)
+        config = os.path.join(self.work_dir, "zoo.cfg")
+        with open(config, "w") as f:
+            f.write(
+                f"tickTime={self.tick_time_ms}\ndataDir={data_dir}\nclientPort={self.port}\n"
+                "clientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxClientCnxns=0\n"
+                f"forceSync={'yes' if self.force_sync else 'no'}\n"
+                "4lw.commands.whitelist=ruok,srvr,mntr\n"
+            )
+        command = [
+            _java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            "-Dzookeeper.admin.enableServer=false", f"-Dzookeeper.log.dir={self.work_dir}",
+            "-cp", ZOOKEEPER_JAR, MAIN_CLASS, config,
+        ]  # fmt: skip
+        log = open(os.path.join(self.work_dir, "zookeeper.log"), "ab")
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+
+    def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            with contextlib.suppress(OSError):
+                if four_letter_word(self.port) == "imok":
+                    return True
+            time.sleep(0.05)  # polling a socket that is not listening yet
+        return False
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
