@@ -1,0 +1,241 @@
+"""The file store's encoding, journal recovery and changelog, including crashes at every step.
+
+Crash tests fork a child that runs a multi-znode mutation and dies (os._exit) at the k-th
+file-system step, for every k; the parent then opens the store like the next client would
+and checks the mutation is entirely there or entirely absent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from localcluster.coord import file_operations as operations
+from localcluster.coord import file_store
+from localcluster.coord.file_store import FileStore, StoreCorruptError, Znode
+from localcluster.coord.file_watch import ChangeFeed, WatchTable
+
+STEPS = ("rename", "unlink", "rmdir", "pwrite", "write")
+
+
+def test_znode_roundtrip_and_corruption_detected():
+    node = Znode(
+        b"\x00data",
+        1,
+        2,
+        3,
+        4,
+        5,
+        ephemeral_owner=9,
+        version=6,
+        cversion=7,
+        child_creates=8,
+        children=["a", "b c"],
+    )
+    raw = node.encode()
+    assert Znode.decode(raw, "x") == node
+    assert node.stat().numChildren == 2 and node.stat().dataLength == 5
+    for broken in (raw[:-1], raw[:10], b"XXXX" + raw[4:]):
+        with pytest.raises(StoreCorruptError, match="znode file x"):
+            Znode.decode(broken, "x")
+
+
+def _seed(store_dir: str) -> None:
+    store = FileStore(store_dir)
+    with store.exclusive():
+        mutation = operations.Mutation(store)
+        operations.create(mutation, "/t", b"0", 0, False, False)
+        operations.create(mutation, "/t/old", b"", 0, False, False)
+        operations.create(mutation, "/t/old/leaf", b"", 0, False, False)
+        mutation.commit()
+    store.close()
+
+
+def _mutate_and_die_at(store_dir: str, crash_step: int) -> None:
+    """In a forked child: run one transaction, exiting at the crash_step-th file step."""
+    counter = [0]
+
+    def counted(name):
+        real = getattr(os, name)
+
+        def step(*arguments, **keywords):
+            if counter[0] == crash_step:
+                os._exit(17)
+            counter[0] += 1
+            return real(*arguments, **keywords)
+
+        return step
+
+    for name in STEPS:
+        setattr(os, name, counted(name))
+    store = FileStore(store_dir)
+    with store.exclusive():
+        mutation = operations.Mutation(store)
+        operations.create(mutation, "/t/a", b"a", 0, False, False)
+        operations.create(mutation, "/t/a/b", b"b", 0, False, False)
+        operations.set_data(mutation, "/t", b"1", -1)
+        operations.delete_recursive(mutation, "/t/old", -1)
+        mutation.commit()
+    os._exit(0)
+
+
+def _run_forked(target, *arguments) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            target(*arguments)
+        finally:
+            os._exit(3)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.001)  # polling a child's exit
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(f"forked writer {pid} hung")
+
+
+def _state(store_dir: str) -> str:
+    store = FileStore(store_dir)  # opening recovers, as the next client would
+    try:
+        with store.shared():
+            assert not os.path.exists(store.path("journal"))
+            parent = store.read_znode("/t")
+            a, b, old = (store.read_znode(p) for p in ("/t/a", "/t/a/b", "/t/old"))
+            zxid = store.read_zxid()
+        if parent.data == b"0":
+            assert (
+                a is None
+                and b is None
+                and old is not None
+                and store.read_znode("/t/old/leaf") is not None
+            )
+            assert sorted(parent.children) == ["old"] and zxid == 1
+            return "before"
+        assert parent.data == b"1" and parent.version == 1 and parent.mzxid == zxid == 2
+        assert a.data == b"a" and b.data == b"b" and a.children == ["b"] and old is None
+        assert (
+            sorted(parent.children) == ["a"] and parent.cversion == 3
+        )  # 1 + create a + delete old
+        assert not os.path.exists(os.path.dirname(store.znode_file("/t/old")))
+        return "after"
+    finally:
+        store.close()
+
+
+def test_crash_at_every_step_of_a_mutation_is_all_or_nothing(tmp_path):
+    outcomes = []
+    for crash_step in range(200):
+        store_dir = str(tmp_path / f"store-{crash_step}")
+        _seed(store_dir)
+        code = _run_forked(_mutate_and_die_at, store_dir, crash_step)
+        outcomes.append(_state(store_dir))
+        store = FileStore(store_dir)
+        with store.exclusive():
+            store.recover()
+            assert os.listdir(store.path("tmp")) == [], "staged files of the dead writer were swept"
+        store.close()
+        if code == 0:
+            break
+        assert code == 17
+    else:
+        pytest.fail("the mutation never completed: the crash injection is broken")
+    assert outcomes[0] == "before" and outcomes[-1] == "after"
+    assert "after" in outcomes[:-1], "some crashes must land after the journal (roll forward)"
+
+
+def test_journal_replay_is_idempotent_and_cuts_a_torn_changelog_line(tmp_path):
+    store_dir = str(tmp_path / "store")
+    _seed(store_dir)
+    for crash_step in range(4, 40):  # a crash with the journal in place
+        run_dir = str(tmp_path / f"run-{crash_step}")
+        shutil.copytree(store_dir, run_dir)
+        if _run_forked(_mutate_and_die_at, run_dir, crash_step) == 17 and os.path.exists(
+            f"{run_dir}/journal"
+        ):
+            break
+    else:
+        pytest.fail("no crash left a journal behind")
+    with open(f"{run_dir}/changes", "ab") as changes:
+        changes.write(b'[2,[["chan')  # a line torn mid-write
+    with open(f"{run_dir}/journal", "rb") as left_behind:
+        journal = left_behind.read()
+    store = FileStore(run_dir)  # opening replays the journal
+    with store.exclusive():
+        assert not os.path.exists(store.path("journal"))
+        with open(store.path("journal"), "wb") as replay_again:
+            replay_again.write(journal)
+        store.recover()  # twice: the second replay must change nothing
+    store.close()
+    assert _state(run_dir) == "after"
+    feed = ChangeFeed(FileStore(run_dir), 0)
+    entries = feed.read()
+    assert [zxid for zxid, _ in entries] == [1, 2], (
+        "one line per zxid, the torn one cut, the repeat skipped"
+    )
+
+
+def test_changelog_rotation_and_a_reader_that_missed_a_whole_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(file_store, "CHANGELOG_ROTATE_BYTES", 200)
+    store = FileStore(str(tmp_path / "store"))
+    steady = ChangeFeed(store, 0)
+    stalled = ChangeFeed(store, 0)
+    table = WatchTable()
+    table.add(table.data, "/n", "data-callback", 0)
+    table.add(table.child, "/", "child-callback", 0)
+    table.add(table.data, "/never", "absent-callback", 0)
+    seen = []
+    for step in range(40):
+        with store.exclusive():
+            mutation = operations.Mutation(store)
+            if step == 0:
+                operations.create(mutation, "/n", b"", 0, False, False)
+            else:
+                operations.set_data(mutation, "/n", b"x" * step, -1)
+            mutation.commit()
+        seen += [zxid for zxid, _ in steady.read()]
+    assert seen == list(range(1, 41)), "a reader keeping up follows every rotation"
+    assert os.path.getsize(store.path("changes")) < 400
+    late = []
+    for _ in range(3):
+        late += [zxid for zxid, _ in stalled.read()]
+    assert stalled.gap, "a reader that skipped a rotated file must know it"
+    assert late != list(range(1, 41)) and late == sorted(late)
+    with store.shared():
+        fired = sorted(
+            (callback, event.type.value, event.path) for callback, event in table.resync(store)
+        )
+    assert fired == [
+        ("absent-callback", "DELETED", "/never"),
+        ("child-callback", "CHILD", "/"),
+        ("data-callback", "CREATED", "/n"),
+    ]
+    store.close()
+
+
+def test_watch_table_matches_zookeeper_event_rules():
+    table = WatchTable()
+    table.add(table.data, "/a", "data-a", 5)
+    table.add(table.child, "/", "children-root", 5)
+    table.add(table.child, "/a", "children-a", 5)
+    table.add(table.data, "/a/b", "data-b", 7)
+    assert table.match(5, [["changed", "/a"]]) == [], "a change the read saw does not fire"
+    fired = table.match(6, [["created", "/a/b"], ["changed", "/a"]])
+    assert [(callback, event.type.value, event.path) for callback, event in fired] == [
+        ("children-a", "CHILD", "/a"),
+        ("data-a", "CHANGED", "/a"),
+    ]
+    assert table.match(8, [["changed", "/a"]]) == [], "one-shot: spent"
+    fired = table.match(9, [["deleted", "/a/b"], ["deleted", "/a"]])
+    assert [(callback, event.type.value, event.path) for callback, event in fired] == [
+        ("data-b", "DELETED", "/a/b"),
+        ("children-root", "CHILD", "/"),
+    ]
+    table.add(table.data, "/a", "same", 10)
+    table.add(table.data, "/a", "same", 12)  # one watch per (path, callback), from the first read
+    assert len(table.match(11, [["changed", "/a"]])) == 1
