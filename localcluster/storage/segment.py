@@ -131,6 +131,7 @@ class LogSegment:
         """Scan every batch, rebuild the indexes, cut an invalid tail. Returns what was cut."""
         self.index.reset()
         self.index.make_appendable()
+        configured_entries = self.index.max_entries
         position = 0
         expected_offset = self.base_offset
         reason = None
@@ -146,13 +147,16 @@ class LogSegment:
                           f"{expected_offset}")  # fmt: skip
                 break
             if self.index.is_full:
-                reason = "more batches than the index can hold"
-                break
+                # Written under a larger log.index.size.max.bytes: grow the index rather than
+                # cut valid batches (the segment then holds no more and rolls).
+                self.index.max_entries *= 2
+                self.index.make_appendable()
             self.index.append(header.base_offset - self.base_offset, position,
                               header.max_timestamp)  # fmt: skip
             expected_offset = header.next_offset
             position += header.size
         self.next_offset = expected_offset
+        self.index.max_entries = max(configured_entries, self.index.count)
         cut = None
         if position < self.size:
             tail = self.size - position
