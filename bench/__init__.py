@@ -1,0 +1,1 @@
+"""Benchmarks of localcluster, each runnable as `python -m bench.<name>` (see bench/README.md)."""
