@@ -332,15 +332,20 @@ class Log:
             largest = segment.largest_timestamp()
             if largest is None or largest < timestamp:
                 continue
-            i = segment.index.first_batch_with_timestamp_at_least(timestamp)
-            header = segment.batch_header(i)
-            _, position = segment.index.entry(i)
-            with segment.view(position, header.size) as batch:
-                if header.compression:
-                    return header.base_offset, header.max_timestamp
-                for record in rb.iter_records(batch):
-                    if record.timestamp >= timestamp:
-                        return record.offset, record.timestamp
+            index = segment.index
+            # A client's maxTimestamp may overstate its records: then keep looking, as Kafka's
+            # searchForTimestamp does, through the later batches of the segment.
+            for i in range(index.first_batch_with_timestamp_at_least(timestamp), index.count):
+                if int(index.max_timestamps[i]) < timestamp:
+                    continue
+                header = segment.batch_header(i)
+                _, position = index.entry(i)
+                with segment.view(position, header.size) as batch:
+                    if header.compression:
+                        return header.base_offset, header.max_timestamp
+                    for record in rb.iter_records(batch):
+                        if record.timestamp >= timestamp:
+                            return record.offset, record.timestamp
         return None
 
     # -- truncation and retention -------------------------------------------------------------
