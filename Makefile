@@ -43,11 +43,27 @@ test: $(VENV)/.installed-test system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Real servers and clients the tests run against (Debian packages); installed only when missing.
+# ZooKeeper (Debian's zookeeper, 3.8): the oracle the coordination contract tests hold the file
+# backend to. The tests start their own private server; nothing here starts a service.
+ZOOKEEPER_HOME ?= /usr/share/zookeeper
 system-deps:
-	@true
+	@if [ -d $(ZOOKEEPER_HOME) ] && [ -f $(ZOOKEEPER_HOME)/bin/zkServer.sh ]; then \
+		exit 0; \
+	fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	else \
+		echo "system-deps: ZooKeeper is not installed ($(ZOOKEEPER_HOME) missing) and this is not root;" \
+			"run 'apt-get install zookeeper' as root. The real-ZooKeeper tests will be skipped." >&2; \
+		exit 0; \
+	fi; \
+	echo "system-deps: installing Debian's zookeeper package (real ZooKeeper for the coordination tests)"; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zookeeper
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.storage
+	$(BIN)/python -m bench.coord
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check localcluster tests bench
