@@ -291,6 +291,8 @@ class Log:
             if first >= index.count or fetch_offset >= segment.next_offset:
                 k += 1  # the offset is this segment's end: the next one starts there
                 continue
+            if segment.batch_header(first).last_offset < fetch_offset:
+                first += 1  # the offset falls in a gap (a compacted leader): start after it
             positions = index.positions
             start = int(positions[first])
             stop = self._end_position(segment, upper)
@@ -316,9 +318,7 @@ class Log:
         j = index.batch_at_or_before(upper)
         if j < 0:
             return 0
-        next_base = (segment.base_offset + int(index.relative_offsets[j + 1])
-                     if j + 1 < index.count else segment.next_offset)  # fmt: skip
-        if next_base > upper:  # batch j holds `upper`: stop before it
+        if segment.batch_header(j).last_offset >= upper:  # batch j holds `upper`: stop before it
             return int(index.positions[j])
         return int(index.positions[j + 1]) if j + 1 < index.count else segment.size
 
