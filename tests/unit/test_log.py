@@ -1,0 +1,517 @@
+"""Log: offsets, reads, sendfile slices, rolls, truncation, retention, epochs, reopening."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from localcluster.storage import (
+    BatchSpec,
+    CorruptRecordError,
+    Log,
+    LogConfig,
+    OffsetOutOfRangeError,
+    Record,
+    RecordBatchTooLargeError,
+    UnexpectedAppendOffsetError,
+    encode_batch,
+    iter_batches,
+    iter_records,
+    validate_batch,
+)
+from localcluster.storage import log as log_module
+from localcluster.storage import record_batch as rb
+from localcluster.storage.segment import LogSegment
+from tests.helpers import check_indexes_agree, scan_log
+
+SMALL = LogConfig(segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096)
+
+
+def batch(n=1, size=20, ts=1000, tag=b"v", epoch=-1, base_offset=0):
+    records = [Record(tag + bytes([48 + i % 10]) * size, key=b"k%d" % i, timestamp=ts + i)
+               for i in range(n)]  # fmt: skip
+    return encode_batch(records, BatchSpec(base_offset=base_offset, partition_leader_epoch=epoch))
+
+
+def values(log):
+    """[(offset, value)] of every record, by a plain scan."""
+    out = []
+    for *_, data in scan_log(log):
+        out += [(r.offset, r.value) for r in iter_records(data)]
+    return out
+
+
+@pytest.fixture
+def log(tmp_path):
+    opened = Log.open(tmp_path / "t-0", SMALL)
+    yield opened
+    opened.close()
+
+
+# -- appending ----------------------------------------------------------------------------------
+
+
+def test_append_assigns_offsets_and_stamps_epoch(log):
+    info = log.append(batch(3), leader_epoch=2)
+    assert (info.first_offset, info.last_offset, info.records_count) == (0, 2, 3)
+    info = log.append(batch(1) + batch(2, tag=b"w"), leader_epoch=2)
+    assert (info.first_offset, info.last_offset, info.records_count) == (3, 5, 3)
+    assert info.max_timestamp == 1001 and info.valid_bytes == len(batch(1)) + len(batch(2))
+    assert log.log_end_offset == 6
+    headers = [h for *_, h, _ in scan_log(log)]
+    assert [(h.base_offset, h.partition_leader_epoch) for h in headers] == [(0, 2), (3, 2), (4, 2)]
+    check_indexes_agree(log)
+
+
+def test_stored_bytes_are_the_clients_except_offset_and_epoch(log):
+    sent = batch(4, size=33)
+    log.append(batch(1), leader_epoch=0)
+    log.append(sent, leader_epoch=7)
+    *_, stored = scan_log(log)[-1]
+    assert stored[rb.LOG_OVERHEAD : 12] == sent[rb.LOG_OVERHEAD : 12]
+    assert stored[16:] == sent[16:]  # magic, the client's CRC and everything it covers
+    header = validate_batch(stored)
+    assert (header.base_offset, header.partition_leader_epoch) == (1, 7)
+
+
+def test_invalid_batch_appends_nothing(log):
+    log.append(batch(), 0)
+    bad = bytearray(batch(2))
+    bad[-1] ^= 1
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        log.append(batch(1) + bytes(bad), 0)
+    with pytest.raises(CorruptRecordError):
+        log.append(b"", 0)
+    with pytest.raises(CorruptRecordError):
+        log.append(batch(1)[:-3], 0)
+    assert log.log_end_offset == 1 and len(scan_log(log)) == 1
+
+
+def test_record_batch_too_large(log):
+    big = batch(1, size=SMALL.segment_bytes)
+    with pytest.raises(RecordBatchTooLargeError, match="log.segment.bytes=1024"):
+        log.append(batch(1) + big, 0)
+    assert log.log_end_offset == 0
+    size = SMALL.segment_bytes - len(batch(1, size=0))
+    while len(batch(1, size=size)) > SMALL.segment_bytes:  # varint lengths grow with the value
+        size -= 1
+    exact = batch(1, size=size)
+    assert len(exact) == SMALL.segment_bytes
+    log.append(batch(), 0)
+    log.append(exact, 0)  # a batch of exactly segment.bytes fits a segment of its own
+    assert [s.base_offset for s in log.segments] == [0, 1]
+
+
+def test_rolls_at_segment_bytes_and_index_entries(tmp_path):
+    config = LogConfig(segment_bytes=4096, segment_index_bytes=24, prefault_bytes=4096)
+    log = Log.open(tmp_path, config)
+    for _ in range(7):
+        log.append(batch(2, size=10), 0)
+    # three index entries per segment: rolls at offsets 6 and 12
+    assert [s.base_offset for s in log.segments] == [0, 6, 12]
+    assert [os.path.getsize(s.path) for s in log.segments[:-1]] == [s.size for s in log.segments[:-1]]
+    log.close()
+    small = Log.open(tmp_path / "b", SMALL)
+    for _ in range(12):
+        small.append(batch(1, size=150), 0)
+    for segment in small.segments:
+        assert segment.size <= SMALL.segment_bytes
+        # rolled because the next batch did not fit
+    for segment in small.segments[:-1]:
+        assert segment.size + len(batch(1, size=150)) > SMALL.segment_bytes
+    assert len(small.segments) > 2
+    check_indexes_agree(small)
+    small.close()
+
+
+def test_explicit_roll(log):
+    log.append(batch(), 0)
+    log.roll()
+    log.append(batch(), 0)
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    assert values(log) == [(0, b"v" + b"0" * 20), (1, b"v" + b"0" * 20)]
+
+
+def test_follower_append_keeps_offsets_and_epochs(log):
+    info = log.append_as_follower(batch(2, epoch=3, base_offset=0) + batch(1, epoch=5, base_offset=2))
+    assert (info.first_offset, info.last_offset) == (0, 2)
+    assert log.leader_epoch_cache.entries() == [(3, 0), (5, 2)]
+    # a gap is allowed (compacted leader); offsets below the log end are not
+    log.append_as_follower(batch(1, epoch=5, base_offset=10))
+    assert log.log_end_offset == 11
+    with pytest.raises(UnexpectedAppendOffsetError, match="does not follow 11"):
+        log.append_as_follower(batch(1, epoch=5, base_offset=10))
+    with pytest.raises(UnexpectedAppendOffsetError):
+        log.append_as_follower(batch(2, base_offset=11) + batch(1, base_offset=12))
+    assert [h.base_offset for *_, h, _ in scan_log(log)] == [0, 2, 10]
+    # A fetch in the gap starts at the next batch (a follower would reject batch 2 at offset 5);
+    # a max_offset in the gap keeps the batches wholly below it.
+    assert [h.base_offset for _, h in iter_batches(log.read(5, 10_000).tobytes())] == [10]
+    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, 5).tobytes())] == [0, 2]
+    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, 10).tobytes())] == [0, 2]
+    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, 11).tobytes())] == [0, 2, 10]
+    check_indexes_agree(log)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def fill(log, sizes):
+    for i, (n, size) in enumerate(sizes):
+        log.append(batch(n, size=size, ts=1000 * i, tag=b"%d-" % i), leader_epoch=0)
+
+
+def test_read_starts_at_the_batch_holding_the_offset(log):
+    fill(log, [(3, 10), (3, 10), (3, 10)])
+    result = log.read(4, 10_000)
+    assert [h.base_offset for _, h in iter_batches(result.tobytes())] == [3, 6]
+    assert result.fetch_offset == 4
+
+
+def test_read_respects_max_offset_and_max_bytes(log):
+    fill(log, [(3, 10), (3, 10), (3, 10)])
+    one = len(scan_log(log)[0][3])
+    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, max_offset=7).tobytes())] == [0, 3]
+    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, max_offset=6).tobytes())] == [0, 3]
+    assert log.read(0, 10_000, max_offset=2).slices == ()  # the first batch holds the HW
+    assert log.read(0, 10_000, max_offset=0).slices == ()
+    assert log.read(0, 2 * one).size == 2 * one
+    assert log.read(0, 2 * one - 1).size == one
+    assert log.read(0, 1).size == one  # KIP-74: at least one batch
+    assert log.read(0, 1, min_one_batch=False).slices == ()
+    assert log.read(9, 100).slices == ()  # at the log end: nothing, not an error
+
+
+def test_read_out_of_range(log):
+    fill(log, [(2, 10)])
+    with pytest.raises(OffsetOutOfRangeError, match=r"offset 3 is outside the log's range \[0, 2\]"):
+        log.read(3, 100)
+    log.truncate_fully_and_start_at(50)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(49, 100)
+
+
+def test_read_result_sendfile_matches_view(log):
+    fill(log, [(1 + i % 3, 20 + 7 * i) for i in range(20)])
+    assert len(log.segments) > 3
+    left, right = socket.socketpair()
+    try:
+        for offset in range(0, log.log_end_offset, 3):
+            result = log.read(offset, 700)
+            expected = result.tobytes()
+            assert expected
+            for piece in result.slices:
+                done = 0
+                while done < piece.length:
+                    done += os.sendfile(left.fileno(), piece.fd, piece.position + done,
+                                        piece.length - done)  # fmt: skip
+            received = b""
+            while len(received) < len(expected):
+                received += right.recv(1 << 16)
+            assert received == expected
+            first = validate_batch(received)
+            assert first.base_offset <= offset <= first.last_offset
+    finally:
+        left.close()
+        right.close()
+
+
+def test_slice_survives_segment_deletion_for_sendfile(tmp_path):
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
+                       prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    fill(log, [(1, 300)] * 6)
+    result = log.read(0, 100_000)
+    piece = result.slices[0]
+    expected = piece.tobytes()
+    assert log.delete_old_segments(now_ms=0) >= 1
+    assert log.log_start_offset > 0
+    left, right = socket.socketpair()
+    try:
+        sent = os.sendfile(left.fileno(), piece.fd, piece.position, piece.length)
+        assert sent == piece.length
+        assert right.recv(1 << 16) == expected
+    finally:
+        left.close()
+        right.close()
+        log.close()
+
+
+model_sizes = st.lists(st.tuples(st.integers(1, 4), st.integers(0, 200)), min_size=1, max_size=25)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(sizes=model_sizes, data=st.data())
+def test_read_agrees_with_model(tmp_path_factory, sizes, data):
+    log = Log.open(tmp_path_factory.mktemp("read"), SMALL)
+    try:
+        fill(log, sizes)
+        batches = [(h.base_offset, h.last_offset, bytes(b), seg) for seg, _, h, b in scan_log(log)]
+        end = log.log_end_offset
+        for _ in range(8):
+            fetch = data.draw(st.integers(0, end), label="fetch_offset")
+            max_bytes = data.draw(st.integers(0, 1500), label="max_bytes")
+            max_offset = data.draw(st.none() | st.integers(0, end + 2), label="max_offset")
+            one = data.draw(st.booleans(), label="min_one_batch")
+            got = log.read(fetch, max_bytes, max_offset, min_one_batch=one).tobytes()
+            upper = end if max_offset is None else min(max_offset, end)
+            # the model: batches from the one holding `fetch`, in its segment, wholly below upper
+            start = next((i for i, b in enumerate(batches) if b[1] >= fetch), len(batches))
+            expected, total = b"", 0
+            for base, last, raw, seg in batches[start:]:
+                if seg != batches[start][3] or last >= upper:
+                    break
+                if total + len(raw) > max_bytes and not (one and total == 0):
+                    break
+                expected += raw
+                total += len(raw)
+            assert got == expected, (fetch, max_bytes, max_offset, one)
+    finally:
+        log.close()
+
+
+# -- offset_for_timestamp -----------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(stamps=st.lists(st.lists(st.integers(0, 100), min_size=1, max_size=4), min_size=1, max_size=20),
+       targets=st.lists(st.integers(-1, 102), min_size=1, max_size=10))  # fmt: skip
+def test_offset_for_timestamp_agrees_with_scan(tmp_path_factory, stamps, targets):
+    log = Log.open(tmp_path_factory.mktemp("ts"), SMALL)
+    try:
+        for group in stamps:
+            log.append(encode_batch([Record(b"x" * 40, timestamp=t) for t in group]), 0)
+        records = []
+        for *_, data in scan_log(log):
+            records += [(r.offset, r.timestamp) for r in iter_records(data)]
+        for target in targets:
+            expected = next(((o, t) for o, t in records if t >= target), None)
+            assert log.offset_for_timestamp(target) == expected, target
+    finally:
+        log.close()
+
+
+def test_offset_for_timestamp_looks_past_a_batch_whose_max_timestamp_overstates(log):
+    # A client batch may claim a maxTimestamp above its records' (the CRC still holds). Kafka
+    # then keeps scanning the following batches of the segment; so must we.
+    body = rb.encode_record(Record(b"a"), 0, 0)
+    liar = rb.encode_raw_batch(body, 1, BatchSpec(base_timestamp=10), max_timestamp=100)
+    log.append(liar, 0)
+    log.append(encode_batch([Record(b"b", timestamp=60)]), 0)
+    assert len(log.segments) == 1
+    assert log.offset_for_timestamp(50) == (1, 60)
+
+
+def test_offset_for_timestamp_of_compressed_batch(log):
+    log.append(batch(2, ts=10), 0)
+    log.append(rb.encode_raw_batch(b"zz", 3, BatchSpec(attributes=1, base_timestamp=20),
+                                   max_timestamp=25), 0)  # fmt: skip
+    assert log.offset_for_timestamp(21) == (2, 25)
+    assert log.offset_for_timestamp(11) == (1, 11)
+    assert log.offset_for_timestamp(26) is None
+
+
+# -- truncation ---------------------------------------------------------------------------------
+
+
+def test_truncate_to_across_segments(log):
+    fill(log, [(2, 200)] * 10)
+    assert len(log.segments) > 3
+    log.truncate_to(9)  # inside the batch 8..9: the whole batch goes
+    assert log.log_end_offset == 8
+    assert values(log)[-1][0] == 7
+    assert all(s.base_offset <= 8 for s in log.segments)
+    check_indexes_agree(log)
+    assert log.truncate_to(100) == 0
+    log.append(batch(1), 0)
+    assert log.log_end_offset == 9
+    check_indexes_agree(log)
+
+
+def test_truncate_to_a_segment_base_leaves_an_empty_active_segment(log):
+    fill(log, [(2, 200)] * 8)
+    base = log.segments[2].base_offset
+    log.truncate_to(base)
+    assert log.log_end_offset == base
+    assert log.active_segment.size == 0 or log.active_segment.base_offset < base
+    fill(log, [(1, 10)])
+    assert values(log)[-1][0] == base
+    check_indexes_agree(log)
+
+
+def test_truncate_below_log_start_empties_the_log(tmp_path):
+    log = Log.open(tmp_path, SMALL, log_start_offset=100)
+    assert log.log_start_offset == log.log_end_offset == 100
+    fill(log, [(2, 10)])
+    log.truncate_to(50)
+    assert log.log_start_offset == log.log_end_offset == 50
+    assert log.leader_epoch_cache.entries() == []
+    log.close()
+
+
+def test_truncate_fully_and_start_at(log):
+    fill(log, [(2, 200)] * 8)
+    log.truncate_fully_and_start_at(1000)
+    assert (log.log_start_offset, log.log_end_offset) == (1000, 1000)
+    assert len(log.segments) == 1 and log.recovery_point == 1000
+    assert sorted(p.name for p in log.directory.glob("*.log")) == [f"{1000:020d}.log"]
+    assert log.append(batch(), 4).first_offset == 1000
+    assert log.leader_epoch_cache.entries() == [(4, 1000)]
+
+
+# -- retention ----------------------------------------------------------------------------------
+
+
+def test_retention_by_bytes(tmp_path):
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=2500,
+                       retention_ms=-1, prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    fill(log, [(1, 300)] * 15)
+    sizes = [s.size for s in log.segments]
+    deleted = log.delete_old_segments(now_ms=10**12)
+    # delete from the oldest while what remains would still be >= retention.bytes
+    expected, total = 0, sum(sizes)
+    while expected < len(sizes) - 1 and total - sizes[expected] >= 2500:
+        total -= sizes[expected]
+        expected += 1
+    assert deleted == expected > 0
+    assert log.size_in_bytes == total
+    assert log.log_start_offset == log.segments[0].base_offset
+    assert log.log_end_offset == 15
+    assert not (tmp_path / f"{0:020d}.log").exists()
+    assert not (tmp_path / f"{0:020d}.index").exists()
+    check_indexes_agree(log)
+    log.close()
+
+
+def test_retention_by_time_and_high_watermark(tmp_path):
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_ms=500,
+                       prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    fill(log, [(1, 300)] * 12)  # batch i has timestamp 1000 * i
+    bases = [s.base_offset for s in log.segments]
+    largest = [s.largest_timestamp() for s in log.segments]
+    assert log.delete_old_segments(now_ms=largest[0] + 500) == 0  # not yet past retention.ms
+    assert log.delete_old_segments(now_ms=largest[1] + 501, high_watermark=bases[1]) == 1
+    assert log.log_start_offset == bases[1]
+    # the high watermark bounds retention: only segments wholly below it go
+    assert log.delete_old_segments(now_ms=10**12, high_watermark=bases[3] - 1) == 1
+    assert log.log_start_offset == bases[2]
+    assert log.delete_old_segments(now_ms=10**12) == len(bases) - 3
+    assert len(log.segments) == 1  # never the active segment
+    assert log.log_end_offset == 12
+    log.close()
+
+
+def test_retention_never_passes_the_high_watermark(tmp_path):
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
+                       prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    fill(log, [(1, 300)] * 12)
+    bases = [s.base_offset for s in log.segments]
+    assert log.delete_old_segments(now_ms=0, high_watermark=bases[1] - 1) == 0
+    assert log.delete_old_segments(now_ms=0, high_watermark=bases[2] - 1) == 1
+    assert log.log_start_offset == bases[1]  # segment 1 ends above the high watermark
+    assert log.delete_old_segments(now_ms=0, high_watermark=bases[2]) == 1
+    assert log.log_start_offset == bases[2]
+    log.close()
+
+
+# -- epochs follow the log ----------------------------------------------------------------------
+
+
+def test_epoch_cache_follows_appends_truncation_and_retention(tmp_path):
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
+                       prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    for epoch in (0, 0, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5):
+        log.append(batch(1, size=300), epoch)
+    assert log.leader_epoch_cache.entries() == [(0, 0), (1, 2), (3, 5), (5, 9)]
+    assert log.end_offset_for_epoch(2) == (1, 5)
+    assert log.end_offset_for_epoch(5) == (5, 12)
+    assert log.end_offset_for_epoch(6) == (-1, -1)
+    log.append(batch(1), 2)  # a lower epoch is stamped but does not rewrite history
+    assert log.leader_epoch_cache.latest_epoch == 5
+    log.truncate_to(9)
+    assert log.leader_epoch_cache.entries() == [(0, 0), (1, 2), (3, 5)]
+    log.delete_old_segments(now_ms=0, high_watermark=6)
+    start = log.log_start_offset
+    assert 0 < start <= 6
+    cache = log.leader_epoch_cache.entries()
+    history = [(0, 0), (1, 2), (3, 5)]
+    covering = [e for e in history if e[1] <= start][-1][0]
+    assert cache == [(covering, start)] + [e for e in history if e[1] > start]
+    log.close()
+    reopened = Log.open(tmp_path, config)
+    assert reopened.leader_epoch_cache.entries() == cache
+    reopened.close()
+
+
+# -- reopening ----------------------------------------------------------------------------------
+
+
+def test_clean_reopen_trusts_indexes(tmp_path, monkeypatch):
+    log = Log.open(tmp_path, SMALL)
+    fill(log, [(2, 150)] * 10)
+    before = values(log)
+    log.close()
+    assert (tmp_path / log_module.CLEAN_SHUTDOWN).exists()
+    recovered = []
+    real = LogSegment.recover
+    monkeypatch.setattr(LogSegment, "recover", lambda self: recovered.append(self) or real(self))
+    again = Log.open(tmp_path, SMALL)
+    assert recovered == [] and again.cuts == []
+    assert not (tmp_path / log_module.CLEAN_SHUTDOWN).exists()  # a crash from here is unclean
+    assert values(again) == before
+    check_indexes_agree(again)
+    again.append(batch(), 0)
+    assert again.log_end_offset == 21
+    again.close()
+
+
+def test_unclean_reopen_recovers_from_the_recovery_point(tmp_path, monkeypatch):
+    log = Log.open(tmp_path, SMALL)
+    fill(log, [(2, 150)] * 10)
+    point = log.flush()
+    assert point == 20
+    fill(log, [(1, 150)] * 4)
+    before = values(log)
+    recovered = []
+    real = LogSegment.recover
+    monkeypatch.setattr(LogSegment, "recover", lambda self: recovered.append(self.base_offset) or real(self))
+    # no close: the first Log is abandoned, as after kill -9 (its writes are in the page cache)
+    again = Log.open(tmp_path, SMALL, recovery_point=point)
+    holding = max(s.base_offset for s in again.segments if s.base_offset <= point)
+    assert recovered == [s.base_offset for s in again.segments if s.base_offset >= holding]
+    assert values(again) == before and again.cuts == []
+    assert again.recovery_point == again.log_end_offset == 24
+    check_indexes_agree(again)
+    again.close()
+
+
+def test_reopen_with_smaller_segment_bytes_keeps_data(tmp_path):
+    log = Log.open(tmp_path, LogConfig(segment_bytes=8192, prefault_bytes=4096))
+    fill(log, [(1, 200)] * 12)
+    before = values(log)
+    log.close()
+    again = Log.open(tmp_path, SMALL)
+    assert values(again) == before
+    again.append(batch(), 0)
+    assert [s.base_offset for s in again.segments] == [0, 12]
+    again.close()
+    third = Log.open(tmp_path, SMALL)
+    assert third.cuts == [] and values(third)[:12] == before
+    third.close()
+
+
+def test_config_bounds():
+    with pytest.raises(ValueError, match="log.segment.bytes"):
+        LogConfig(segment_bytes=100)
+    with pytest.raises(ValueError, match="log.index.size.max.bytes"):
+        LogConfig(segment_index_bytes=4)
+    assert LogConfig(segment_index_bytes=80).max_index_entries == 10
