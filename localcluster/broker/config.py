@@ -1,0 +1,116 @@
+"""Broker configuration: Kafka's property names and defaults, with reasons where we differ.
+
+`BrokerConfig.from_properties({"min.insync.replicas": "2", ...})` parses and checks every value;
+an unknown name or a bad value is a ConfigError naming the property and what it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _prop(name: str, default, doc: str = ""):
+    return field(default=default, metadata={"property": name, "doc": doc})
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: int = _prop("broker.id", 0)
+    broker_rack: str | None = _prop("broker.rack", None)
+    listener_host: str = _prop("listener.host", "127.0.0.1", "TCP listener address")
+    port: int = _prop("port", 0, "TCP port for Kafka clients; 0 picks a free one")
+    log_dirs: str | None = _prop("log.dirs", None, "default: /dev/shm/localcluster-<id>/broker-N")
+    num_partitions: int = _prop("num.partitions", 1)
+    default_replication_factor: int = _prop("default.replication.factor", 1)
+    min_insync_replicas: int = _prop("min.insync.replicas", 1)
+    unclean_leader_election_enable: bool = _prop("unclean.leader.election.enable", False)
+    # One host: a follower that has not caught up in 10 s is in trouble; Kafka's 30 s is
+    # sized for networks and GC pauses across machines.
+    replica_lag_time_max_ms: int = _prop("replica.lag.time.max.ms", 10_000)
+    replica_fetch_wait_max_ms: int = _prop("replica.fetch.wait.max.ms", 500)
+    replica_high_watermark_checkpoint_interval_ms: int = _prop(
+        "replica.high.watermark.checkpoint.interval.ms", 5_000)  # fmt: skip
+    log_segment_bytes: int = _prop("log.segment.bytes", 1 << 30)
+    log_index_size_max_bytes: int = _prop("log.index.size.max.bytes", 10 << 20)
+    log_retention_bytes: int = _prop("log.retention.bytes", -1)
+    log_retention_ms: int = _prop("log.retention.ms", 7 * 24 * 3600 * 1000)
+    log_retention_check_interval_ms: int = _prop("log.retention.check.interval.ms", 300_000)
+    log_flush_interval_ms: int = _prop("log.flush.interval.ms", 60_000,
+                                       "recovery-point checkpoint interval")  # fmt: skip
+    message_max_bytes: int = _prop("message.max.bytes", 1048588)
+    socket_request_max_bytes: int = _prop("socket.request.max.bytes", 100 * 1024 * 1024)
+    auto_create_topics_enable: bool = _prop("auto.create.topics.enable", True)
+    auto_leader_rebalance_enable: bool = _prop("auto.leader.rebalance.enable", True)
+    leader_imbalance_check_interval_seconds: int = _prop(
+        "leader.imbalance.check.interval.seconds", 300)  # fmt: skip
+    controlled_shutdown_enable: bool = _prop("controlled.shutdown.enable", True)
+    # One host: a dead process is noticed through its dropped flock at once; the timeout only
+    # matters for a hung (SIGSTOPped) broker. Kafka's 18 s is sized for networks.
+    zookeeper_session_timeout_ms: int = _prop("zookeeper.session.timeout.ms", 6_000)
+    replication_protocol: str = _prop("replication.protocol", "leader-epoch",
+                                      "leader-epoch (KIP-101/279) or hw-truncation (0.8)")  # fmt: skip
+
+    @classmethod
+    def from_properties(cls, properties: dict[str, str], **overrides) -> BrokerConfig:
+        by_name = {f.metadata["property"]: f for f in dataclasses.fields(cls)}
+        values = dict(overrides)
+        for name, raw in properties.items():
+            f = by_name.get(name)
+            if f is None:
+                raise ConfigError(
+                    f"unknown broker property {name!r}; known: {', '.join(sorted(by_name))}"
+                )
+            values[f.name] = _parse(name, f.type, raw)
+        config = cls(**values)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        if self.replication_protocol not in ("leader-epoch", "hw-truncation"):
+            raise ConfigError(
+                f"replication.protocol={self.replication_protocol!r}: use leader-epoch or "
+                "hw-truncation"
+            )
+        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_property(name)} must be at least 1")
+
+    def properties(self) -> dict[str, object]:
+        return {f.metadata["property"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _property(attribute: str) -> str:
+    return next(f.metadata["property"] for f in dataclasses.fields(BrokerConfig)
+                if f.name == attribute)  # fmt: skip
+
+
+def _parse(name: str, annotation: str, raw: str):
+    text = str(raw).strip()
+    if annotation == "bool":
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise ConfigError(f"{name}={raw!r}: expected true or false")
+    if annotation == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+    if annotation == "str | None":
+        return text or None
+    return text
+
+
+def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`key=value` strings (from --set) to a dict; a string without '=' is a ConfigError."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. min.insync.replicas=2")
+        out[key.strip()] = value.strip()
+    return out

@@ -1,0 +1,153 @@
+"""KafkaApis: one request frame in, one response (or none for acks=0) out.
+
+Parses the header, checks the version against what we advertise, and hands the body to the
+API's handler. Handlers translate between the wire and ReplicaManager / ClusterMetadata; they
+hold no state of their own. A request for an API or version we do not advertise closes the
+connection (as Kafka does), except ApiVersions, which is answered in its v0 body with
+UNSUPPORTED_VERSION and our key list so the client can retry with a version we know.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from kio.schema.errors import ErrorCode
+
+from localcluster.broker.metadata import ClusterMetadata, TopicCreationError
+from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.protocol import fetch, messages, produce
+from localcluster.protocol.api import (
+    SUPPORTED,
+    ApiKey,
+    RequestHeader,
+    read_request_header,
+    response_header,
+)
+from localcluster.protocol.wire import MalformedRequestError, Reader
+
+log = logging.getLogger(__name__)
+
+
+class KafkaApis:
+    def __init__(self, replica_manager: ReplicaManager, metadata: ClusterMetadata):
+        self.replica_manager = replica_manager
+        self.metadata = metadata
+        self._handlers = {
+            ApiKey.API_VERSIONS: self.handle_api_versions,
+            ApiKey.METADATA: self.handle_metadata,
+            ApiKey.PRODUCE: self.handle_produce,
+            ApiKey.FETCH: self.handle_fetch,
+            ApiKey.LIST_OFFSETS: self.handle_list_offsets,
+            ApiKey.CREATE_TOPICS: self.handle_create_topics,
+        }
+
+    async def handle(self, frame: memoryview, peer: str) -> list | None:
+        reader = Reader(frame)
+        header = read_request_header(reader)
+        handler = self._handlers.get(header.api_key)
+        if handler is None:
+            raise MalformedRequestError(f"API key {header.api_key} is not supported")
+        if header.api_key != ApiKey.API_VERSIONS and header.api_version not in SUPPORTED[header.api_key]:
+            raise MalformedRequestError(
+                f"{ApiKey(header.api_key).name} v{header.api_version} is not supported "
+                f"(we speak {SUPPORTED[header.api_key].min}-{SUPPORTED[header.api_key].max})"
+            )
+        body = await handler(header, reader)
+        if body is None:
+            return None
+        head = response_header(header.api_key, header.api_version, header.correlation_id)
+        return [head, *body] if isinstance(body, list) else [head, body]
+
+    # -- ApiVersions --------------------------------------------------------------------------
+
+    async def handle_api_versions(self, header: RequestHeader, reader: Reader) -> bytes:
+        keys = [{"api_key": int(k), "min_version": r.min, "max_version": r.max}
+                for k, r in sorted(SUPPORTED.items())]  # fmt: skip
+        if header.api_version not in SUPPORTED[ApiKey.API_VERSIONS]:
+            return messages.encode_response(ApiKey.API_VERSIONS, 0, {
+                "error_code": ErrorCode.unsupported_version, "api_keys": keys})  # fmt: skip
+        return messages.encode_response(ApiKey.API_VERSIONS, header.api_version,
+                                        {"error_code": 0, "api_keys": keys})  # fmt: skip
+
+    # -- Metadata -----------------------------------------------------------------------------
+
+    async def handle_metadata(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        topics = getattr(request, "topics", None)
+        names = None if topics is None else [t.name if hasattr(t, "name") else t for t in topics]
+        if header.api_version == 0 and names == []:
+            names = None  # v0: an empty list means all topics
+        allow_auto_create = getattr(request, "allow_auto_topic_creation", True)
+        data = await self.metadata.describe(names, allow_auto_create)
+        return messages.encode_response(header.api_key, header.api_version, data)
+
+    # -- Produce ------------------------------------------------------------------------------
+
+    async def handle_produce(self, header: RequestHeader, reader: Reader) -> bytes | None:
+        request = produce.read_produce_request(reader, header.api_version)
+        responses = []
+        for topic, partitions in request.topics:
+            results = []
+            for p in partitions:
+                if request.acks not in (0, 1, -1):
+                    results.append(produce.ProducePartitionResponse(
+                        p.partition, ErrorCode.invalid_required_acks))  # fmt: skip
+                    continue
+                results.append(self.replica_manager.append_to_leader((topic, p.partition),
+                                                                     p.records, request.acks))  # fmt: skip
+            responses.append((topic, results))
+        if request.acks == 0:
+            return None
+        return produce.write_produce_response(responses, header.api_version)
+
+    # -- Fetch --------------------------------------------------------------------------------
+
+    async def handle_fetch(self, header: RequestHeader, reader: Reader) -> list:
+        request = fetch.read_fetch_request(reader, header.api_version)
+        responses = await self.replica_manager.fetch(request)
+        return fetch.write_fetch_response(responses, header.api_version)
+
+    # -- ListOffsets --------------------------------------------------------------------------
+
+    async def handle_list_offsets(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        consumer = request.replica_id < 0
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for p in topic.partitions:
+                error, timestamp, offset = self.replica_manager.list_offset(
+                    (topic.name, p.partition_index), p.timestamp, consumer)  # fmt: skip
+                partitions.append({"partition_index": p.partition_index, "error_code": error,
+                                   "timestamp": timestamp, "offset": offset,
+                                   "leader_epoch": self._leader_epoch(topic.name, p.partition_index)})  # fmt: skip
+            topics.append({"name": topic.name, "partitions": partitions})
+        return messages.encode_response(header.api_key, header.api_version,
+                                        {"throttle_time": 0, "topics": topics})  # fmt: skip
+
+    def _leader_epoch(self, topic: str, partition: int) -> int:
+        hosted = self.replica_manager.partitions.get((topic, partition))
+        return hosted.state.leader_epoch if hosted else -1
+
+    # -- CreateTopics -------------------------------------------------------------------------
+
+    async def handle_create_topics(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        results = []
+        for topic in request.topics:
+            configs = {c.name: c.value for c in topic.configs if c.value is not None}
+            assignments = {a.partition_index: tuple(a.broker_ids) for a in topic.assignments}
+            try:
+                await self.metadata.create_topic(
+                    topic.name, topic.num_partitions, topic.replication_factor, configs,
+                    assignments or None, validate_only=request.validate_only)  # fmt: skip
+                results.append({"name": topic.name, "error_code": 0})
+            except TopicCreationError as e:
+                results.append({"name": topic.name, "error_code": e.error_code,
+                                "error_message": str(e)})  # fmt: skip
+        deadline_ms = int(time.monotonic() * 1000) + max(int(request.timeout.total_seconds() * 1000), 0)
+        await self.metadata.wait_for_topics([r["name"] for r in results if r["error_code"] == 0],
+                                            deadline_ms)  # fmt: skip
+        return messages.encode_response(header.api_key, header.api_version,
+                                        {"throttle_time": 0, "topics": results})  # fmt: skip

@@ -1,0 +1,178 @@
+"""Sockets: listeners, framing, and sending responses (bytes and sendfile'd segment slices).
+
+Each connection is one task that reads a frame, awaits its handler and writes the response
+before reading the next frame, so responses leave in request order, as Kafka guarantees (a
+client may pipeline; we process one request per connection at a time, like Kafka's muted
+channels). A frame larger than `socket.request.max.bytes`, shorter than a header, or one the
+handler cannot parse closes that connection with a log line; other connections carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+
+from localcluster.protocol.wire import MalformedRequestError
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+MIN_FRAME_BYTES = 8  # api_key, api_version, correlation_id: a request header's fixed part
+
+Handler = Callable[[memoryview, str], Awaitable[list | None]]
+
+
+class FrameError(Exception):
+    """A frame with an impossible size: the stream cannot be resynchronised."""
+
+
+async def recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytearray | None:
+    """n bytes, or None on a clean EOF before the first byte."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = await loop.sock_recv_into(sock, view[got:])
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionError(f"peer closed after {got} of {n} bytes of a frame")
+        got += k
+    return buf
+
+
+async def read_frame(loop, sock, max_bytes: int) -> memoryview | None:
+    head = await recv_exactly(loop, sock, 4)
+    if head is None:
+        return None
+    (size,) = _SIZE.unpack(head)
+    if size < MIN_FRAME_BYTES or size > max_bytes:
+        raise FrameError(f"frame size {size} outside [{MIN_FRAME_BYTES}, {max_bytes}]")
+    body = await recv_exactly(loop, sock, size)
+    if body is None:
+        raise ConnectionError("peer closed between a frame's size and its body")
+    return memoryview(body)
+
+
+async def send_parts(loop, sock: socket.socket, parts: list) -> None:
+    """Send a response: a 4-byte size, then bytes parts and FileSlice parts in order."""
+    total = sum(p.length if hasattr(p, "length") else len(p) for p in parts)
+    pending = bytearray(_SIZE.pack(total))
+    for part in parts:
+        if hasattr(part, "length"):
+            if pending:
+                await loop.sock_sendall(sock, pending)
+                pending = bytearray()
+            await sendfile(loop, sock, part.fd, part.position, part.length)
+        else:
+            pending += part
+    if pending:
+        await loop.sock_sendall(sock, pending)
+
+
+async def sendfile(loop, sock: socket.socket, fd: int, offset: int, count: int) -> None:
+    out = sock.fileno()
+    while count:
+        try:
+            n = os.sendfile(out, fd, offset, count)
+        except BlockingIOError:
+            await _writable(loop, out)
+            continue
+        if n == 0:
+            raise ConnectionError(f"segment file ended {count} bytes early (truncated meanwhile)")
+        offset += n
+        count -= n
+
+
+async def _writable(loop, fd: int) -> None:
+    ready = loop.create_future()
+    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_writer(fd)
+
+
+async def serve_connection(sock: socket.socket, peer: str, handler: Handler, max_bytes: int) -> None:
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    try:
+        while True:
+            frame = await read_frame(loop, sock, max_bytes)
+            if frame is None:
+                return
+            parts = await handler(frame, peer)
+            if parts is not None:
+                await send_parts(loop, sock, parts)
+    except (FrameError, MalformedRequestError) as e:
+        log.warning("closing connection from %s: %s", peer, e)
+    except (ConnectionError, OSError) as e:
+        log.info("connection from %s ended: %s", peer, e)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("closing connection from %s after an unexpected error", peer)
+    finally:
+        sock.close()
+
+
+class Listener:
+    """Accepts on one listening socket and spawns a task per connection."""
+
+    def __init__(self, sock: socket.socket, handler: Handler, max_bytes: int, name: str):
+        self.sock = sock
+        self.handler = handler
+        self.max_bytes = max_bytes
+        self.name = name
+        self._connections: set[asyncio.Task] = set()
+        self._accept_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        self._accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(self.sock)
+            except OSError as e:
+                log.warning("%s listener: accept failed (%s); retrying", self.name, e)
+                await asyncio.sleep(0.1)
+                continue
+            if conn.family in (socket.AF_INET, socket.AF_INET6):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = f"{self.name}:{address or 'local'}"
+            task = loop.create_task(serve_connection(conn, peer, self.handler, self.max_bytes))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._accept_task, *self._connections) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.sock.close()
+
+
+def tcp_listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(512)
+    return sock
+
+
+def unix_listen(path: str) -> socket.socket:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(512)
+    return sock

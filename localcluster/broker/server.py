@@ -1,0 +1,180 @@
+"""BrokerServer: one broker process. Wires storage, coordination and the network together.
+
+Start-up order: open and recover the logs, bind both listeners, register the ephemeral
+/brokers/ids/<id> (its existence is the broker's readiness), take up leadership of the
+partitions the store says this broker leads, then serve. SIGTERM or SIGINT is a clean shutdown:
+listeners closed, registration removed, high watermarks and recovery points checkpointed, logs
+flushed and trimmed. A SIGKILL at any moment is recovered from on the next start.
+
+Files: <cluster-dir>/broker-<id>/ holds checkpoints, `broker.pid`; the Unix socket is
+<cluster-dir>/broker-<id>.sock (or under /tmp when that path is too long for AF_UNIX); partition
+logs live under log.dirs, by default /dev/shm/localcluster-<hash of cluster dir>/broker-<id>.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from localcluster import coord
+from localcluster.broker.config import BrokerConfig
+from localcluster.broker.kafka_apis import KafkaApis
+from localcluster.broker.metadata import ClusterMetadata
+from localcluster.broker.network import Listener, tcp_listen, unix_listen
+from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.coord.znode_data import BrokerRegistration
+
+log = logging.getLogger(__name__)
+
+UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep a margin
+RECONCILE_INTERVAL_S = 1.0
+
+
+def cluster_hash(cluster_dir: Path) -> str:
+    return hashlib.sha1(str(cluster_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def default_data_dir(cluster_dir: Path, broker_id: int) -> Path:
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"localcluster-{cluster_hash(cluster_dir)}" / f"broker-{broker_id}"
+    return cluster_dir / f"broker-{broker_id}" / "data"
+
+
+def socket_path(cluster_dir: Path, broker_id: int) -> Path:
+    path = cluster_dir.resolve() / f"broker-{broker_id}.sock"
+    if len(str(path)) <= UNIX_PATH_MAX:
+        return path
+    short = Path(tempfile.gettempdir()) / f"localcluster-{cluster_hash(cluster_dir)}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    return short / f"broker-{broker_id}.sock"
+
+
+def default_coordination(cluster_dir: Path) -> str:
+    return str(cluster_dir / "store")
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig, cluster_dir: Path, coordination: str | None = None):
+        self.config = config
+        self.cluster_dir = cluster_dir
+        self.broker_dir = cluster_dir / f"broker-{config.broker_id}"
+        self.data_dir = Path(config.log_dirs) if config.log_dirs else default_data_dir(
+            cluster_dir, config.broker_id)  # fmt: skip
+        self.socket_path = socket_path(cluster_dir, config.broker_id)
+        self.coordination = coordination or default_coordination(cluster_dir)
+        self.replica_manager = ReplicaManager(config, self.data_dir, self.broker_dir)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._listeners: list[Listener] = []
+        self._reconcile_wanted = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        self.broker_dir.mkdir(parents=True, exist_ok=True)
+        self.coord = await asyncio.to_thread(
+            coord.connect, self.coordination,
+            session_timeout_ms=self.config.zookeeper_session_timeout_ms)  # fmt: skip
+        self.metadata = ClusterMetadata(self.coord, self.config.broker_id, self.config)
+        try:
+            if await asyncio.to_thread(self.metadata.is_registered):
+                raise RuntimeError(self.metadata.duplicate_message())
+            await asyncio.to_thread(self.replica_manager.open_logs)
+            await self._serve()
+        finally:
+            await self._shutdown()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        c = self.config
+        tcp = tcp_listen(c.listener_host, c.port)
+        unix = unix_listen(str(self.socket_path))
+        apis = KafkaApis(self.replica_manager, self.metadata)
+        for sock, name in ((tcp, "tcp"), (unix, "unix")):
+            listener = Listener(sock, apis.handle, c.socket_request_max_bytes, name)
+            listener.start()
+            self._listeners.append(listener)
+        port = tcp.getsockname()[1]
+        registration = BrokerRegistration(c.broker_id, c.listener_host, port,
+                                          str(self.socket_path), c.broker_rack, os.getpid(),
+                                          int(time.time() * 1000))  # fmt: skip
+        await asyncio.to_thread(self.metadata.register, registration)
+        (self.broker_dir / "broker.pid").write_text(f"{os.getpid()}\n")
+        self.metadata.watch_topics(lambda: loop.call_soon_threadsafe(self._reconcile_wanted.set))
+        await self._reconcile()
+        self._tasks = [
+            loop.create_task(self._reconcile_loop()),
+            loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
+                                         self.replica_manager.checkpoint_high_watermarks)),
+            loop.create_task(self._every(c.log_flush_interval_ms, self.replica_manager.checkpoint)),
+            loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
+        ]  # fmt: skip
+        log.info("broker %d ready: tcp %s:%d, unix %s, logs in %s", c.broker_id, c.listener_host,
+                 port, self.socket_path, self.data_dir)  # fmt: skip
+        print(f"broker {c.broker_id} ready on {c.listener_host}:{port} (pid {os.getpid()})",
+              flush=True)  # fmt: skip
+        await self._stop.wait()
+        log.info("broker %d shutting down", c.broker_id)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._reconcile_wanted.wait(), RECONCILE_INTERVAL_S)
+            except TimeoutError:
+                pass
+            self._reconcile_wanted.clear()
+            try:
+                await self._reconcile()
+            except Exception:
+                log.exception("could not read partition leadership from the store; retrying")
+
+    async def _reconcile(self) -> None:
+        """Lead what the store says this broker leads (the controller's job from issue 6)."""
+        led = await asyncio.to_thread(self.metadata.partitions_led_by_me)
+        now_ms = int(time.time() * 1000)
+        for topic, partition, state, replicas, config in led:
+            hosted = self.replica_manager.partitions.get((topic, partition))
+            if hosted is not None and hosted.state.leader_epoch >= state.leader_epoch:
+                continue
+            self.replica_manager.make_leader((topic, partition), state.leader_epoch, state.isr,
+                                             replicas, now_ms, config)  # fmt: skip
+
+    async def _every(self, interval_ms: int, action) -> None:
+        while True:
+            await asyncio.sleep(max(interval_ms, 10) / 1000)
+            try:
+                action()
+            except Exception:
+                log.exception("periodic %s failed; will retry", getattr(action, "__name__", action))
+
+    def _retention(self) -> None:
+        now_ms = int(time.time() * 1000)
+        for tp, hosted in self.replica_manager.partitions.items():
+            if hosted.log.delete_old_segments(now_ms, hosted.state.high_watermark):
+                hosted.state.on_log_start_offset(hosted.log.log_start_offset)
+
+    async def _shutdown(self) -> None:
+        if getattr(self, "metadata", None) is not None:
+            await asyncio.to_thread(self.metadata.deregister)  # clients stop routing here first
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for listener in self._listeners:
+            await listener.close()
+        try:
+            self.socket_path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        self.replica_manager.close()
+        if getattr(self, "coord", None) is not None:
+            self.coord.stop()
+        (self.broker_dir / "broker.pid").unlink(missing_ok=True)
+        log.info("broker %d stopped cleanly", self.config.broker_id)

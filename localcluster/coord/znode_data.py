@@ -1,0 +1,123 @@
+"""The JSON stored in Kafka's znodes, encoded and decoded in one place.
+
+Layouts follow Kafka's ZK-era formats so a reader of Kafka's docs recognises them:
+    /brokers/ids/<id>          {"version":5,"host","port","endpoints":[...],"rack",...}
+                               plus ours: "unix_socket" (inter-broker listener), "pid"
+    /brokers/topics/<t>        {"version":2,"partitions":{"0":[1,2]},"adding_replicas":{},
+                                "removing_replicas":{}}
+    .../partitions/<p>/state   {"version":1,"leader","leader_epoch","isr","controller_epoch"}
+A znode that does not parse raises ZnodeDataError naming the path: a corrupt store is an
+operator's problem to see, not something to guess around.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+class ZnodeDataError(ValueError):
+    pass
+
+
+def _load(path: str, data: bytes) -> dict:
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ZnodeDataError(f"znode {path} does not hold JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ZnodeDataError(f"znode {path} holds {type(value).__name__}, expected an object")
+    return value
+
+
+def _dump(value: dict) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    broker_id: int
+    host: str
+    port: int
+    unix_socket: str
+    rack: str | None = None
+    pid: int | None = None
+    timestamp_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _dump({
+            "version": 5, "host": self.host, "port": self.port,
+            "endpoints": [f"PLAINTEXT://{self.host}:{self.port}"],
+            "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+            "jmx_port": -1, "rack": self.rack, "timestamp": str(self.timestamp_ms),
+            "unix_socket": self.unix_socket, "pid": self.pid,
+        })  # fmt: skip
+
+    @classmethod
+    def decode(cls, broker_id: int, path: str, data: bytes) -> BrokerRegistration:
+        value = _load(path, data)
+        try:
+            return cls(broker_id, value["host"], int(value["port"]), value.get("unix_socket", ""),
+                       value.get("rack"), value.get("pid"), int(value.get("timestamp", 0)))  # fmt: skip
+        except (KeyError, ValueError, TypeError) as e:
+            raise ZnodeDataError(f"broker registration {path} lacks {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAssignment:
+    partitions: dict[int, tuple[int, ...]]
+    adding_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    removing_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        def table(d):
+            return {str(p): list(r) for p, r in sorted(d.items())}
+
+        return _dump({"version": 2, "partitions": table(self.partitions),
+                      "adding_replicas": table(self.adding_replicas),
+                      "removing_replicas": table(self.removing_replicas)})  # fmt: skip
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> TopicAssignment:
+        value = _load(path, data)
+
+        def table(key):
+            try:
+                return {int(p): tuple(int(b) for b in r) for p, r in value.get(key, {}).items()}
+            except (ValueError, TypeError, AttributeError):
+                raise ZnodeDataError(f"topic znode {path}: {key} is malformed") from None
+
+        if "partitions" not in value:
+            raise ZnodeDataError(f"topic znode {path} has no partitions")
+        return cls(table("partitions"), table("adding_replicas"), table("removing_replicas"))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsr:
+    """The partition state znode: who leads, in which epoch, with which ISR."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def encode(self) -> bytes:
+        return _dump({"version": 1, "leader": self.leader, "leader_epoch": self.leader_epoch,
+                      "isr": list(self.isr), "controller_epoch": self.controller_epoch})  # fmt: skip
+
+    @classmethod
+    def decode(cls, path: str, data: bytes) -> LeaderAndIsr:
+        value = _load(path, data)
+        try:
+            return cls(int(value["leader"]), int(value["leader_epoch"]),
+                       tuple(int(b) for b in value["isr"]), int(value["controller_epoch"]))  # fmt: skip
+        except (KeyError, ValueError, TypeError) as e:
+            raise ZnodeDataError(f"partition state {path} lacks or garbles {e}") from None
+
+
+def encode_topic_config(config: dict[str, str]) -> bytes:
+    return _dump({"version": 1, "config": dict(config)})
+
+
+def decode_topic_config(path: str, data: bytes) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _load(path, data).get("config", {}).items()}

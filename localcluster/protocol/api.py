@@ -1,0 +1,100 @@
+"""API keys, the versions this broker speaks, and the request/response headers.
+
+Advertise only what is handled. librdkafka 2.x uses RecordBatch v2 only when Produce includes
+v3 and Fetch v4, so those ranges start there (kio, generated from Kafka 4's schemas, starts
+there too). A request's header is v2 (with tagged fields) when its API version is flexible,
+else v1; a response's header is v1 when flexible, else v0, except ApiVersions, whose response
+header is always v0 so that a client can parse the answer to a version the broker lacks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from localcluster.protocol.wire import MalformedRequestError, Reader, Writer
+
+# Kafka's socket.request.max.bytes default; a larger frame closes the connection.
+MAX_FRAME_BYTES = 100 * 1024 * 1024
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    LEADER_AND_ISR = 4
+    STOP_REPLICA = 5
+    UPDATE_METADATA = 6
+    CONTROLLED_SHUTDOWN = 7
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    OFFSET_FOR_LEADER_EPOCH = 23
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRange:
+    min: int
+    max: int
+    first_flexible: int  # first version with tagged fields (compact encodings)
+
+    def __contains__(self, version: int) -> bool:
+        return self.min <= version <= self.max
+
+
+SUPPORTED: dict[ApiKey, VersionRange] = {
+    ApiKey.PRODUCE: VersionRange(3, 8, 9),
+    ApiKey.FETCH: VersionRange(4, 11, 12),
+    ApiKey.LIST_OFFSETS: VersionRange(1, 5, 6),
+    ApiKey.METADATA: VersionRange(0, 8, 9),
+    ApiKey.API_VERSIONS: VersionRange(0, 3, 3),
+    ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
+}
+
+
+def is_flexible(api_key: int, version: int) -> bool:
+    supported = SUPPORTED.get(api_key)
+    return supported is not None and version >= supported.first_flexible
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def read_request_header(reader: Reader) -> RequestHeader:
+    """Parse the header; tagged fields are skipped when the API version is flexible.
+
+    An API key or version this broker does not know still parses (its header is v1 or v2 by
+    the same rule), so the handler can answer UNSUPPORTED_VERSION instead of closing.
+    """
+    api_key = reader.int16()
+    api_version = reader.int16()
+    correlation_id = reader.int32()
+    client_id = reader.nullable_string()
+    if api_key == ApiKey.API_VERSIONS:
+        # ApiVersions v3+ uses header v2; an unknown higher version must still be answered.
+        if api_version >= 3:
+            reader.skip_tagged_fields()
+    elif is_flexible(api_key, api_version):
+        reader.skip_tagged_fields()
+    if api_version < 0:
+        raise MalformedRequestError(f"negative API version {api_version}")
+    return RequestHeader(api_key, api_version, correlation_id, client_id)
+
+
+def write_request_header(w: Writer, header: RequestHeader) -> None:
+    w.int16(header.api_key).int16(header.api_version).int32(header.correlation_id)
+    w.nullable_string(header.client_id)
+    if is_flexible(header.api_key, header.api_version):
+        w.uvarint(0)
+
+
+def response_header(api_key: int, api_version: int, correlation_id: int) -> bytes:
+    w = Writer().int32(correlation_id)
+    if api_key != ApiKey.API_VERSIONS and is_flexible(api_key, api_version):
+        w.uvarint(0)
+    return w.getvalue()
