@@ -262,6 +262,9 @@ class Log:
         """Seal the active segment and start a new one at the log end."""
         base = self.log_end_offset if new_base_offset is None else new_base_offset
         assert base >= self.log_end_offset
+        if self.active_segment.size == 0 and base == self.active_segment.base_offset:
+            # An empty segment already starts there: a second one would share its file name.
+            return self.active_segment
         self.active_segment.seal()
         segment = LogSegment.create(self.directory, base, self.config.segment_bytes,
                                     self.config.max_index_entries, self.config.prefault_bytes)  # fmt: skip
