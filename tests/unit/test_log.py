@@ -136,6 +136,26 @@ def test_explicit_roll(log):
     assert values(log) == [(0, b"v" + b"0" * 20), (1, b"v" + b"0" * 20)]
 
 
+def test_roll_of_an_empty_active_segment_changes_nothing(tmp_path):
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
+                       prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    log.append(batch(), 0)
+    log.roll()
+    assert log.roll() is log.active_segment
+    log.append(batch(), 0)
+    assert [s.base_offset for s in log.segments] == [0, 1]
+    # With a duplicate segment object for 00000000000000000001.log, retention would delete the
+    # empty twin and unlink the file the live segment writes to.
+    log.append(batch(), 0)
+    log.roll()
+    log.delete_old_segments(now_ms=0)
+    log.close()
+    again = Log.open(tmp_path, config)
+    assert again.log_end_offset == 3 and again.cuts == []
+    again.close()
+
+
 def test_follower_append_keeps_offsets_and_epochs(log):
     info = log.append_as_follower(batch(2, epoch=3, base_offset=0) + batch(1, epoch=5, base_offset=2))
     assert (info.first_offset, info.last_offset) == (0, 2)
