@@ -30,19 +30,29 @@ from localcluster.coord.interface import SessionExpiredError
 log = logging.getLogger(__name__)
 
 
+STAGING_SUFFIX = ".new"  # a session file before it is locked and renamed into place
+
+
 class Session:
     def __init__(self, store: FileStore, timeout_ms: int):
         self.store = store
         self.timeout_ms = timeout_ms
-        self.session_id = secrets.randbits(62) | 1  # never 0: 0 means "not ephemeral"
-        self.path = store.path(file_operations.session_file(self.session_id))
-        staging = store.path("tmp", f"session-{self.session_id:016x}")
-        # Opened for writing so the owner's death closes a written file: inotify IN_CLOSE_WRITE.
-        self._fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        info = {"session_id": self.session_id, "pid": os.getpid(), "timeout_ms": timeout_ms}
-        os.write(self._fd, json.dumps(info).encode())
-        os.rename(staging, self.path)
+        for _attempt in range(5):  # a prober may sweep our staging file in its first instant
+            self.session_id = secrets.randbits(62) | 1  # never 0: 0 means "not ephemeral"
+            self.path = store.path(file_operations.session_file(self.session_id))
+            staging = self.path + STAGING_SUFFIX
+            # Opened for writing so the owner's death closes a written file (IN_CLOSE_WRITE).
+            self._fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            info = {"session_id": self.session_id, "pid": os.getpid(), "timeout_ms": timeout_ms}
+            os.write(self._fd, json.dumps(info).encode())
+            try:
+                os.rename(staging, self.path)
+                break
+            except FileNotFoundError:
+                os.close(self._fd)
+        else:
+            raise OSError(f"could not create a session file in {store.path('sessions')}")
         self.expired = False
         self.last_heartbeat = time.monotonic()
 
@@ -87,6 +97,9 @@ def find_dead_sessions(store: FileStore, own_session_id: int) -> list[tuple[int,
     found = []
     now = time.time()
     for name in os.listdir(store.path("sessions")):
+        if name.endswith(STAGING_SUFFIX):
+            _sweep_abandoned_staging(store.path("sessions", name))
+            continue
         try:
             session_id = int(name, 16)
         except ValueError:
@@ -97,6 +110,22 @@ def find_dead_sessions(store: FileStore, own_session_id: int) -> list[tuple[int,
         if reason:
             found.append((session_id, reason))
     return found
+
+
+def _sweep_abandoned_staging(path: str) -> None:
+    """A staging file nobody holds: its creator died before renaming it into place."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    except BlockingIOError:
+        pass  # being born right now
+    finally:
+        os.close(fd)
 
 
 def _probe(path: str, now: float) -> str | None:

@@ -241,10 +241,14 @@ class FileStore:
         for relative in journal["deletes"]:
             self._remove(self.path(relative))
         for target, staged in journal["puts"]:
-            target = self.path(target)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):  # already renamed by an earlier try
-                os.rename(self.path(staged), target)
+            target, staged = self.path(target), self.path(staged)
+            try:
+                os.rename(staged, target)
+            except FileNotFoundError:
+                if not os.path.exists(staged):
+                    continue  # renamed by the attempt this replay finishes
+                os.makedirs(os.path.dirname(target), exist_ok=True)  # a new znode's directory
+                os.rename(staged, target)
         self._append_changelog(journal["zxid"], journal["changes"])
         os.pwrite(self._zxid_fd, b"%020d\n" % journal["zxid"], 0)
         os.unlink(self.path("journal"))
