@@ -47,19 +47,20 @@ test: $(VENV)/.installed-test system-deps
 # backend to. The tests start their own private server; nothing here starts a service.
 ZOOKEEPER_HOME ?= /usr/share/zookeeper
 system-deps:
-	@if [ -d $(ZOOKEEPER_HOME) ] && [ -f $(ZOOKEEPER_HOME)/bin/zkServer.sh ]; then \
-		exit 0; \
-	fi; \
+	@missing=""; \
+	[ -f $(ZOOKEEPER_HOME)/bin/zkServer.sh ] || missing="$$missing zookeeper"; \
+	command -v kcat >/dev/null 2>&1 || missing="$$missing kcat"; \
+	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then SUDO=; \
 	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
 	else \
-		echo "system-deps: ZooKeeper is not installed ($(ZOOKEEPER_HOME) missing) and this is not root;" \
-			"run 'apt-get install zookeeper' as root. The real-ZooKeeper tests will be skipped." >&2; \
+		echo "system-deps: missing Debian packages:$$missing, and this is not root;" \
+			"run 'apt-get install$$missing' as root. Tests that need them will be skipped." >&2; \
 		exit 0; \
 	fi; \
-	echo "system-deps: installing Debian's zookeeper package (real ZooKeeper for the coordination tests)"; \
+	echo "system-deps: installing Debian packages:$$missing (real servers and clients for the tests)"; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zookeeper
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.storage

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.zookeeper"]
+pytest_plugins = ["tests.zookeeper", "tests.brokers"]

@@ -85,7 +85,7 @@ class ClusterMetadata:
             other = BrokerRegistration.decode(self.broker_id, "", data)
             holder = f" by pid {other.pid} (listening on {other.host}:{other.port})"
         except Exception:
-            pass
+            pass  # the message stays useful without the holder's details
         return (f"broker id {self.broker_id} is already registered{holder}; stop that broker "
                 "or pick another --id")  # fmt: skip
 
@@ -98,6 +98,13 @@ class ClusterMetadata:
             pass
         except Exception as e:
             log.warning("could not remove the registration of broker %d: %s", self.broker_id, e)
+
+    def registered_pid(self) -> int | None:
+        try:
+            data, _ = self.coord.get(paths.broker_path(self.broker_id))
+            return BrokerRegistration.decode(self.broker_id, "", data).pid
+        except Exception:
+            return None
 
     def is_registered(self) -> bool:
         return self.coord.exists(paths.broker_path(self.broker_id)) is not None

@@ -56,6 +56,16 @@ def socket_path(cluster_dir: Path, broker_id: int) -> Path:
     return short / f"broker-{broker_id}.sock"
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def default_coordination(cluster_dir: Path) -> str:
     return str(cluster_dir / "store")
 
@@ -85,12 +95,21 @@ class BrokerServer:
             session_timeout_ms=self.config.zookeeper_session_timeout_ms)  # fmt: skip
         self.metadata = ClusterMetadata(self.coord, self.config.broker_id, self.config)
         try:
-            if await asyncio.to_thread(self.metadata.is_registered):
-                raise RuntimeError(self.metadata.duplicate_message())
+            await self._await_free_registration()
             await asyncio.to_thread(self.replica_manager.open_logs)
             await self._serve()
         finally:
             await self._shutdown()
+
+    async def _await_free_registration(self) -> None:
+        """A broker restarted right after a kill -9 finds its old registration until the store
+        reaps the dead session; wait for that, but refuse at once if the holder is alive."""
+        deadline = time.monotonic() + self.config.zookeeper_session_timeout_ms / 1000 + 2
+        while await asyncio.to_thread(self.metadata.is_registered):
+            holder = await asyncio.to_thread(self.metadata.registered_pid)
+            if (holder is not None and _pid_alive(holder)) or time.monotonic() > deadline:
+                raise RuntimeError(self.metadata.duplicate_message())
+            await asyncio.sleep(0.05)
 
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
