@@ -243,7 +243,8 @@ def measure_appends(directory: Path, fs_label: str, workloads: dict[str, Workloa
 
 
 def _drain(data: socket.socket, control: socket.socket) -> None:
-    """Reader process: told how many bytes to expect, reads them all, answers b"k"."""
+    """Reader process: told how many bytes to expect, reads them, answers b"k" when it got
+    exactly that many (b"x" when more arrived: the sender sent the wrong bytes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     buffer = bytearray(1 << 20)
     while True:
@@ -258,7 +259,7 @@ def _drain(data: socket.socket, control: socket.socket) -> None:
             if not got:
                 return
             expected -= got
-        control.sendall(b"k")
+        control.sendall(b"k" if expected == 0 else b"x")
 
 
 class Reader:
@@ -281,7 +282,8 @@ class Reader:
         self.control.sendall(struct.pack("<q", total_bytes))
         with Timer() as timer:
             send(self.data.fileno())
-            assert self.control.recv(1) == b"k", "reader process died"
+            answer = self.control.recv(1)
+        assert answer == b"k", "reader process died" if not answer else "sent too many bytes"
         return timer.seconds
 
     def close(self) -> None:
