@@ -118,11 +118,15 @@ def _fields(schema: type) -> tuple[tuple[dataclasses.Field, type | None], ...]:
 
 
 def _nested_entity(annotation: Any) -> type | None:
+    """The entity class inside `X`, `tuple[X, ...]` and `tuple[X, ...] | None` (nullable
+    arrays such as Metadata v1+ request topics), else None."""
     if dataclasses.is_dataclass(annotation):
         return annotation
     for arg in typing.get_args(annotation):
-        if arg is not Ellipsis and arg is not NoneType and dataclasses.is_dataclass(arg):
-            return arg
+        if arg is not Ellipsis and arg is not NoneType:
+            found = _nested_entity(arg)
+            if found is not None:
+                return found
     return None
 
 
