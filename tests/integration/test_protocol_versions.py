@@ -1,0 +1,293 @@
+"""Version negotiation against a real broker process, over raw sockets.
+
+Frames are built here with localcluster.protocol (headers, the hand-written Produce/Fetch
+codecs) and kio (everything else); responses are parsed with kio's schemas, which are
+generated from Kafka's own JSON and so are an oracle independent of the broker's encoders.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import time
+
+import pytest
+
+from localcluster.protocol import fetch, messages, produce
+from localcluster.protocol.api import (
+    SUPPORTED,
+    ApiKey,
+    RequestHeader,
+    is_flexible,
+    write_request_header,
+)
+from localcluster.protocol.wire import Reader, Writer
+from localcluster.storage import Record, encode_batch
+from tests.brokers import BrokerSet
+from tests.helpers import wait_until
+
+UNSUPPORTED_VERSION = 35
+TOPIC = "versions"
+
+
+class Raw:
+    """One TCP connection speaking framed requests; nothing clever, so it cannot hide bugs."""
+
+    def __init__(self, port: int, timeout_s: float = 10.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.local_port = self.sock.getsockname()[1]
+        self.correlation_id = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def frame(self, api_key: int, version: int, body: bytes) -> bytes:
+        self.correlation_id += 1
+        w = Writer()
+        write_request_header(w, RequestHeader(api_key, version, self.correlation_id, "raw-test"))
+        w.bytes(body)
+        return struct.pack(">i", len(w.buf)) + bytes(w.buf)
+
+    def send(self, api_key: int, version: int, body: bytes) -> int:
+        self.sock.sendall(self.frame(api_key, version, body))
+        return self.correlation_id
+
+    def recv_frame(self) -> bytes | None:
+        """The next response frame, or None when the broker closed the connection."""
+        head = self._recv_exactly(4)
+        if head is None:
+            return None
+        (size,) = struct.unpack(">i", head)
+        body = self._recv_exactly(size)
+        assert body is not None, "the broker closed in the middle of a response"
+        return body
+
+    def recv(self, api_key: int, version: int, correlation_id: int) -> tuple[bytes, int]:
+        """(response frame, offset of its body) after checking the correlation id."""
+        data = self.recv_frame()
+        assert data is not None, f"connection closed instead of answering {api_key} v{version}"
+        reader = Reader(data)
+        assert reader.int32() == correlation_id
+        if api_key != ApiKey.API_VERSIONS and is_flexible(api_key, version):
+            reader.skip_tagged_fields()
+        return data, reader.pos
+
+    def request(self, api_key: int, version: int, body: bytes):
+        """The kio response entity."""
+        correlation_id = self.send(api_key, version, body)
+        data, offset = self.recv(api_key, version, correlation_id)
+        return messages.decode_response(api_key, version, data, offset)
+
+    def _recv_exactly(self, n: int) -> bytes | None:
+        buf = bytearray()
+        while len(buf) < n:
+            try:
+                chunk = self.sock.recv(n - len(buf))
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    cluster = tmp_path_factory.mktemp("cluster")
+    started = BrokerSet(cluster)
+    try:
+        broker = started.start(1)
+        raw = Raw(broker.port)
+        created = raw.request(ApiKey.CREATE_TOPICS, 4, messages.encode_request(19, 4, {
+            "topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1}],
+            "timeout": 10_000}))  # fmt: skip
+        assert created.topics[0].error_code == 0, created
+        raw.close()
+        yield broker
+    finally:
+        started.cleanup()
+
+
+def api_versions_body(version: int) -> bytes:
+    if version >= 3:
+        return messages.encode_request(18, 3, {"client_software_name": "raw-test",
+                                               "client_software_version": "1.0"})  # fmt: skip
+    return b""
+
+
+def ranges(response) -> dict[int, tuple[int, int]]:
+    return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in response.api_keys}
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_api_versions_every_supported_version_is_answered(broker, version):
+    raw = Raw(broker.port)
+    try:
+        response = raw.request(ApiKey.API_VERSIONS, version, api_versions_body(version))
+    finally:
+        raw.close()
+    assert response.error_code == 0
+    advertised = ranges(response)
+    assert advertised[ApiKey.API_VERSIONS] == (0, 3)
+    # librdkafka 2.x speaks RecordBatch v2 only when Produce v3 and Fetch v4 are offered.
+    assert advertised[ApiKey.PRODUCE][0] <= 3 <= advertised[ApiKey.PRODUCE][1]
+    assert advertised[ApiKey.FETCH][0] <= 4 <= advertised[ApiKey.FETCH][1]
+    # librdkafka 2.0 asks for ListOffsets 0-2 and Metadata 0-4: the ranges must overlap.
+    assert advertised[ApiKey.LIST_OFFSETS][0] <= 2
+    assert advertised[ApiKey.METADATA][0] <= 4
+    assert ApiKey.CREATE_TOPICS in advertised
+
+
+def test_api_versions_unsupported_version_gets_error_35_in_a_v0_body(broker):
+    raw = Raw(broker.port)
+    try:
+        correlation_id = raw.send(ApiKey.API_VERSIONS, 99, b"")
+        data, offset = raw.recv(ApiKey.API_VERSIONS, 0, correlation_id)
+        assert data[offset:offset + 2] == struct.pack(">h", UNSUPPORTED_VERSION)  # fmt: skip
+        response = messages.decode_response(ApiKey.API_VERSIONS, 0, data, offset)
+        assert response.error_code == UNSUPPORTED_VERSION
+        advertised = ranges(response)
+        assert advertised[ApiKey.API_VERSIONS] == (0, 3)
+        assert ApiKey.PRODUCE in advertised and ApiKey.FETCH in advertised
+        # The client retries on the same connection with a version both sides know.
+        again = raw.request(ApiKey.API_VERSIONS, 3, api_versions_body(3))
+        assert again.error_code == 0
+    finally:
+        raw.close()
+
+
+def sample_request(api_key: int, version: int) -> bytes:
+    """A small valid request body of `api_key` at `version`, against TOPIC."""
+    if api_key == ApiKey.PRODUCE:
+        batch = encode_batch([Record(b"v%d" % version, key=b"k")])
+        return produce.write_produce_request(produce.ProduceRequest(
+            None, -1, 10_000, [(TOPIC, [produce.ProducePartition(0, memoryview(batch))])]), version)  # fmt: skip
+    if api_key == ApiKey.FETCH:
+        return fetch.write_fetch_request(fetch.FetchRequest(
+            -1, 0, 0, 1 << 20, 0, [(TOPIC, [fetch.FetchPartition(0, 0, 1 << 20)])]), version)  # fmt: skip
+    if api_key == ApiKey.LIST_OFFSETS:
+        return messages.encode_request(api_key, version, {"replica_id": -1, "topics": [
+            {"name": TOPIC, "partitions": [{"partition_index": 0, "timestamp": -1,
+                                            "current_leader_epoch": -1}]}]})  # fmt: skip
+    if api_key == ApiKey.METADATA:
+        return messages.encode_request(api_key, version, {"topics": [{"name": TOPIC}],
+                                                          "allow_auto_topic_creation": False})  # fmt: skip
+    if api_key == ApiKey.CREATE_TOPICS:
+        return messages.encode_request(api_key, version, {"topics": [
+            {"name": f"created-v{version}", "num_partitions": 2, "replication_factor": 1}],
+            "timeout": 10_000})  # fmt: skip
+    if api_key == ApiKey.API_VERSIONS:
+        return api_versions_body(version)
+    raise AssertionError(f"no sample for {api_key}")
+
+
+def check_response(api_key: int, version: int, response) -> None:
+    if api_key == ApiKey.PRODUCE:
+        (partition,) = response.responses[0].partition_responses
+        assert partition.error_code == 0 and partition.base_offset >= 0, response
+    elif api_key == ApiKey.FETCH:
+        (partition,) = response.responses[0].partitions
+        assert partition.error_code == 0 and partition.high_watermark >= 1, response
+        assert partition.records, "an earlier Produce put records at offset 0"
+    elif api_key == ApiKey.LIST_OFFSETS:
+        (partition,) = response.topics[0].partitions
+        latest = partition.offset if version >= 1 else partition.old_style_offsets[0]
+        assert partition.error_code == 0 and latest >= 1, response
+    elif api_key == ApiKey.METADATA:
+        assert [b.node_id for b in response.brokers] == [1]
+        (topic,) = response.topics
+        assert topic.name == TOPIC and topic.error_code == 0
+        assert [(p.partition_index, p.leader_id) for p in topic.partitions] == [(0, 1)]
+    elif api_key == ApiKey.CREATE_TOPICS:
+        (topic,) = response.topics
+        assert topic.name == f"created-v{version}" and topic.error_code == 0, response
+    elif api_key == ApiKey.API_VERSIONS:
+        assert response.error_code == 0
+
+
+# Produce first so that every Fetch and ListOffsets version finds a record.
+ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
+         ApiKey.LIST_OFFSETS, ApiKey.CREATE_TOPICS]  # fmt: skip
+EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
+
+
+def test_the_broker_advertises_exactly_its_table(broker):
+    raw = Raw(broker.port)
+    try:
+        advertised = ranges(raw.request(ApiKey.API_VERSIONS, 3, api_versions_body(3)))
+    finally:
+        raw.close()
+    assert advertised == {int(k): (r.min, r.max) for k, r in SUPPORTED.items()}
+    assert set(advertised) == set(ORDER), "a new API needs a sample request in this module"
+
+
+def test_every_advertised_version_is_answered_on_one_connection(broker):
+    raw = Raw(broker.port)
+    try:
+        for api_key, version in EVERY_ADVERTISED:
+            response = raw.request(api_key, version, sample_request(api_key, version))
+            try:
+                check_response(api_key, version, response)
+            except AssertionError as e:
+                raise AssertionError(f"{ApiKey(api_key).name} v{version}: {e}") from e
+    finally:
+        raw.close()
+
+
+def test_pipelined_requests_are_answered_in_order(broker):
+    raw = Raw(broker.port)
+    try:
+        frames, expected = b"", []
+        for api_key, version in [(ApiKey.API_VERSIONS, 2), (ApiKey.METADATA, 8),
+                                 (ApiKey.FETCH, 11), (ApiKey.API_VERSIONS, 0)]:  # fmt: skip
+            frames += raw.frame(api_key, version, sample_request(api_key, version))
+            expected.append((api_key, version, raw.correlation_id))
+        raw.sock.sendall(frames)
+        for api_key, version, correlation_id in expected:
+            data, offset = raw.recv(api_key, version, correlation_id)
+            check_response(api_key, version, messages.decode_response(api_key, version, data, offset))
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("api_key, version, why", [
+    (ApiKey.PRODUCE, 2, "Produce below the advertised range (message sets, not batches)"),
+    (ApiKey.FETCH, 3, "Fetch below the advertised range"),
+    (ApiKey.FETCH, 99, "Fetch above the advertised range"),
+    (ApiKey.METADATA, 99, "Metadata above the advertised range"),
+    (ApiKey.LIST_OFFSETS, 0, "ListOffsets v0 is not advertised"),
+    (1000, 0, "an API key Kafka never had"),
+])  # fmt: skip
+def test_an_unadvertised_version_closes_only_that_connection(broker, api_key, version, why):
+    other = Raw(broker.port)
+    bad = Raw(broker.port)
+    try:
+        bad.send(api_key, version, b"\x00" * 16)
+        assert bad.recv_frame() is None, f"{why}: expected the connection to be closed"
+        port = bad.local_port
+        line = wait_until(lambda: re.search(rf"closing connection from tcp:\('127\.0\.0\.1', {port}\): "
+                                            rf"(.*not supported.*)", broker.log_text()),
+                          message=f"a log line naming the connection from port {port}")  # fmt: skip
+        assert str(version) in line.group(1)
+        assert broker.is_alive()
+        # A connection opened before the bad one is still served.
+        assert other.request(ApiKey.API_VERSIONS, 3, api_versions_body(3)).error_code == 0
+        assert other.request(ApiKey.METADATA, 8, sample_request(ApiKey.METADATA, 8)).topics[0].error_code == 0
+    finally:
+        bad.close()
+        other.close()
+
+
+def test_broker_answers_while_a_connection_sits_half_way_through_a_frame(broker):
+    """A slow or stuck client (size sent, body pending) must not hold up anyone else."""
+    stuck = Raw(broker.port)
+    other = Raw(broker.port)
+    try:
+        stuck.sock.sendall(struct.pack(">i", 100) + b"\x00\x12")
+        started = time.monotonic()
+        assert other.request(ApiKey.API_VERSIONS, 0, b"").error_code == 0
+        assert time.monotonic() - started < 5
+    finally:
+        stuck.close()
+        other.close()
