@@ -500,6 +500,16 @@ def run(scale: Scale, filesystems: dict[str, dict], show_progress: bool = True) 
     }
 
 
+def warn_if_busy() -> list[float]:
+    """Other work on the machine skews every figure here; say so when it is visible."""
+    load = list(os.getloadavg())
+    cores = os.cpu_count() or 1
+    if load[0] >= cores / 2:
+        print_note(f"[yellow]load average {load[0]:.2f} on {cores} cores before the run: "
+                   "other work is running, figures will be low and noisy[/]")  # fmt: skip
+    return load
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through the temp-dir cleanups
 
@@ -520,7 +530,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.repeats:
         scale = Scale(scale.append_bytes, scale.read_bytes, args.repeats)
     filesystems = pick_filesystems(args.shm_dir, args.disk_dir)
+    load_before = warn_if_busy()
     results = run(scale, filesystems)
+    results["config"]["load_average_before"] = load_before
     print_appends(results["append"], filesystems, scale)
     print_reads(results["read"], scale)
     print_goals(results["goals"])
