@@ -63,7 +63,8 @@ except Exception as error:
 
 def check_store_consistent(store_dir: str, client) -> int:
     """Walk the tree through the API and on disk; return the number of znodes."""
-    assert not os.path.exists(os.path.join(store_dir, "journal")), "recovery left the journal"
+    with open(os.path.join(store_dir, "journal"), "rb") as journal:
+        assert journal.read(4) != b"JRN1", "recovery left the journal pending"
     store = FileStore(store_dir)
     try:
         counter = store.read_zxid()
@@ -222,6 +223,22 @@ def test_falls_back_to_polling_when_inotify_fails(tmp_path, monkeypatch, caplog)
         client.stop()
     with pytest.raises(OSError):
         connect(str(tmp_path / "store"), watch_mode="inotify")
+
+
+def test_many_clients_starting_at_once_all_get_sessions(tmp_path, processes):
+    """Clients starting together must not disturb each other's session files (each start
+    sweeps the store's staging area)."""
+    store_dir = str(tmp_path / "store")
+    observer = connect(store_dir)
+    try:
+        owners = [processes.start(HUNG_WORKER, store_dir, 5000, f"/broker-{i}") for i in range(8)]
+        for owner in owners:
+            assert processes.read_line(owner) == "ready"
+        assert sorted(observer.get_children("/")) == sorted(f"broker-{i}" for i in range(8))
+        owners_of = {observer.exists(f"/broker-{i}").ephemeralOwner for i in range(8)}
+        assert len(owners_of) == 8 and observer.session_id not in owners_of
+    finally:
+        observer.stop()
 
 
 def test_stopped_client_refuses_calls(tmp_path):

@@ -104,7 +104,7 @@ def _state(store_dir: str) -> str:
     store = FileStore(store_dir)  # opening recovers, as the next client would
     try:
         with store.shared():
-            assert not os.path.exists(store.path("journal"))
+            assert store.journal_pending() is None
             parent = store.read_znode("/t")
             a, b, old = (store.read_znode(p) for p in ("/t/a", "/t/a/b", "/t/old"))
             zxid = store.read_zxid()
@@ -149,27 +149,33 @@ def test_crash_at_every_step_of_a_mutation_is_all_or_nothing(tmp_path):
     assert "after" in outcomes[:-1], "some crashes must land after the journal (roll forward)"
 
 
+def _journal_left_behind(store_dir: str) -> bytes | None:
+    with open(os.path.join(store_dir, "journal"), "rb") as journal:
+        raw = journal.read()
+    return raw if raw[:4] == b"JRN1" else None
+
+
 def test_journal_replay_is_idempotent_and_cuts_a_torn_changelog_line(tmp_path):
     store_dir = str(tmp_path / "store")
     _seed(store_dir)
-    for crash_step in range(4, 40):  # a crash with the journal in place
+    for crash_step in range(1, 40):  # find a crash that leaves the journal pending
         run_dir = str(tmp_path / f"run-{crash_step}")
         shutil.copytree(store_dir, run_dir)
-        if _run_forked(_mutate_and_die_at, run_dir, crash_step) == 17 and os.path.exists(
-            f"{run_dir}/journal"
+        if _run_forked(_mutate_and_die_at, run_dir, crash_step) == 17 and _journal_left_behind(
+            run_dir
         ):
             break
     else:
         pytest.fail("no crash left a journal behind")
+    journal = _journal_left_behind(run_dir)
     with open(f"{run_dir}/changes", "ab") as changes:
         changes.write(b'[2,[["chan')  # a line torn mid-write
-    with open(f"{run_dir}/journal", "rb") as left_behind:
-        journal = left_behind.read()
     store = FileStore(run_dir)  # opening replays the journal
     with store.exclusive():
-        assert not os.path.exists(store.path("journal"))
-        with open(store.path("journal"), "wb") as replay_again:
+        assert store.journal_pending() is None
+        with open(store.path("journal"), "r+b") as replay_again:
             replay_again.write(journal)
+        assert store.journal_pending() is not None
         store.recover()  # twice: the second replay must change nothing
     store.close()
     assert _state(run_dir) == "after"
@@ -178,6 +184,28 @@ def test_journal_replay_is_idempotent_and_cuts_a_torn_changelog_line(tmp_path):
     assert [zxid for zxid, _ in entries] == [1, 2], (
         "one line per zxid, the torn one cut, the repeat skipped"
     )
+
+
+def test_a_torn_journal_record_means_nothing_was_applied(tmp_path):
+    store_dir = str(tmp_path / "store")
+    _seed(store_dir)
+    for crash_step in range(1, 40):
+        run_dir = str(tmp_path / f"run-{crash_step}")
+        shutil.copytree(store_dir, run_dir)
+        if _run_forked(_mutate_and_die_at, run_dir, crash_step) == 17 and _journal_left_behind(
+            run_dir
+        ):
+            break
+    journal = bytearray(_journal_left_behind(run_dir))
+    journal[-3] ^= 0xFF  # as if the writer died inside the pwrite of its journal record
+    with open(f"{run_dir}/journal", "r+b") as torn:
+        torn.write(journal)
+    # Undo what the crashed writer had applied after its journal, so the store is as it was
+    # when the record was being written: only the seed's state, plus staged files.
+    shutil.rmtree(f"{run_dir}/tree")
+    shutil.copytree(f"{store_dir}/tree", f"{run_dir}/tree")
+    shutil.copy(f"{store_dir}/zxid", f"{run_dir}/zxid")
+    assert _state(run_dir) == "before"
 
 
 def test_changelog_rotation_and_a_reader_that_missed_a_whole_file(tmp_path, monkeypatch):
