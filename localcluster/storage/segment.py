@@ -121,6 +121,8 @@ class LogSegment:
             else:
                 if last.base_offset != self.base_offset + rel or pos + last.size != self.size:
                     why = "last index entry does not match the last batch"
+                elif int(self.index.max_timestamps[-1]) != last.max_timestamp:
+                    why = "last time index entry does not match the last batch"
                 self.next_offset = last.next_offset
         if why is not None:
             log.warning("index of %s is not usable (%s); rebuilding it from the log", self.path, why)
