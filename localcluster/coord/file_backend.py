@@ -77,9 +77,10 @@ class FileClient(CoordinationClient):
         self._feed = ChangeFeed(self.store, start_zxid)
         self._watches = WatchTable()
         self._dispatch_mutex = threading.Lock()
+        self._delivery_lock = threading.Lock()
         self._callbacks: queue.Queue = queue.Queue(maxsize=CALLBACK_QUEUE_MAX)
         self._wake = threading.Event()
-        self._wakeup = Wakeup(self.store, self.watch_mode, self._wake.set)
+        self._wakeup = Wakeup(self.store, self.watch_mode, self._on_changelog, self._wake.set)
         name = f"coord-{self.session_id:x}"
         self._threads = [
             threading.Thread(target=self._dispatch_loop, name=f"{name}-dispatch", daemon=True),
@@ -263,21 +264,37 @@ class FileClient(CoordinationClient):
                 )
                 time.sleep(timeout_s)
 
+    def _on_changelog(self) -> None:
+        """On watchdog's thread: deliver at once, and have the dispatcher probe sessions."""
+        if self._stopping.is_set():
+            return
+        try:
+            self._deliver_changes()
+        except Exception:  # the dispatcher's next pass retries
+            log.exception(
+                "coordination client %#x: delivering watch events failed", self.session_id
+            )
+        self._wake.set()
+
     def _deliver_changes(self) -> None:
-        with self._dispatch_mutex:
-            fired = []
-            for zxid, changes in self._feed.read():
-                fired += self._watches.match(zxid, changes)
-            if self._feed.gap:
-                log.warning(
-                    "client %#x fell a whole changelog behind; resyncing its watches",
-                    self.session_id,
-                )
-                with self.store.shared():
-                    fired += self._watches.resync(self.store)
-                self._feed.gap = False
-        for item in fired:
-            self._callbacks.put(item)
+        # Two threads deliver (watchdog's and the dispatcher); the delivery lock keeps their
+        # batches in changelog order through the queue. The queue put happens outside the
+        # dispatch mutex, so a callback that sets a watch never waits on a full queue.
+        with self._delivery_lock:
+            with self._dispatch_mutex:
+                fired = []
+                for zxid, changes in self._feed.read():
+                    fired += self._watches.match(zxid, changes)
+                if self._feed.gap:
+                    log.warning(
+                        "client %#x fell a whole changelog behind; resyncing its watches",
+                        self.session_id,
+                    )
+                    with self.store.shared():
+                        fired += self._watches.resync(self.store)
+                    self._feed.gap = False
+            for item in fired:
+                self._callbacks.put(item)
 
     def _reap_dead_sessions(self) -> None:
         if self._session.expired:

@@ -129,12 +129,22 @@ class WatchTable:
 
 
 class Wakeup:
-    """Wakes the client's dispatcher when the store changes; inotify via watchdog, or polling."""
+    """Tells the client when the changelog grew or a session file was closed (its owner may
+    have died), through watchdog's inotify observer; in polling mode it does nothing and the
+    client's dispatcher polls. on_changelog runs on the observer's thread, so watch events skip
+    a thread hop on their way to the callbacks."""
 
-    def __init__(self, store: FileStore, mode: str, on_change: Callable[[], None]):
+    def __init__(
+        self,
+        store: FileStore,
+        mode: str,
+        on_changelog: Callable[[], None],
+        on_session: Callable[[], None],
+    ):
         assert mode in ("auto", "inotify", "polling"), mode
         self.store = store
-        self._on_change = on_change
+        self._on_changelog = on_changelog
+        self._on_session = on_session
         self._observer = None
         self.mode = "polling"
         if mode != "polling":
@@ -158,11 +168,15 @@ class Wakeup:
         )
         from watchdog.observers.inotify import InotifyObserver
 
-        wake = self._on_change
+        on_changelog, on_session = self._on_changelog, self._on_session
+        changelog = self.store.path("changes")
 
         class Handler(FileSystemEventHandler):
             def on_any_event(self, event):
-                wake()
+                if changelog in (event.src_path, getattr(event, "dest_path", None)):
+                    on_changelog()
+                else:
+                    on_session()
 
         observer = InotifyObserver()
         event_filter = [FileClosedEvent, FileDeletedEvent, FileMovedEvent]

@@ -153,7 +153,7 @@ def test_hung_session_expires_after_the_session_timeout(tmp_path, processes):
     store_dir = str(tmp_path / "store")
     observer = connect(store_dir)
     try:
-        timeout_ms = 600
+        timeout_ms = 1000
         hung = processes.start(HUNG_WORKER, store_dir, timeout_ms, "/brokers-hung")
         live = processes.start(HUNG_WORKER, store_dir, timeout_ms, "/brokers-live")
         assert processes.read_line(hung) == "ready" and processes.read_line(live) == "ready"
