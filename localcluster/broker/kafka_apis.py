@@ -16,7 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.broker.metadata import ClusterMetadata, TopicCreationError
 from localcluster.broker.replica_manager import ReplicaManager
-from localcluster.protocol import fetch, messages, produce
+from localcluster.protocol import controller_requests, fetch, messages, produce
 from localcluster.protocol.api import (
     SUPPORTED,
     ApiKey,
@@ -40,6 +40,9 @@ class KafkaApis:
             ApiKey.FETCH: self.handle_fetch,
             ApiKey.LIST_OFFSETS: self.handle_list_offsets,
             ApiKey.CREATE_TOPICS: self.handle_create_topics,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.handle_offset_for_leader_epoch,
+            ApiKey.LEADER_AND_ISR: self.handle_leader_and_isr,
+            ApiKey.STOP_REPLICA: self.handle_stop_replica,
         }
 
     async def handle(self, frame: memoryview, peer: str) -> list | None:
@@ -86,20 +89,20 @@ class KafkaApis:
 
     async def handle_produce(self, header: RequestHeader, reader: Reader) -> bytes | None:
         request = produce.read_produce_request(reader, header.api_version)
-        responses = []
-        for topic, partitions in request.topics:
-            results = []
-            for p in partitions:
-                if request.acks not in (0, 1, -1):
-                    results.append(produce.ProducePartitionResponse(
-                        p.partition, ErrorCode.invalid_required_acks))  # fmt: skip
-                    continue
-                results.append(self.replica_manager.append_to_leader((topic, p.partition),
-                                                                     p.records, request.acks))  # fmt: skip
-            responses.append((topic, results))
+        entries = [((topic, p.partition), p.records)
+                   for topic, partitions in request.topics for p in partitions]  # fmt: skip
+        if request.acks not in (0, 1, -1):
+            results = [produce.ProducePartitionResponse(tp[1], ErrorCode.invalid_required_acks)
+                       for tp, _ in entries]  # fmt: skip
+        else:
+            results = await self.replica_manager.append_records(request.acks, request.timeout_ms,
+                                                                entries)  # fmt: skip
         if request.acks == 0:
             return None
-        return produce.write_produce_response(responses, header.api_version)
+        responses: dict[str, list] = {}
+        for ((topic, _), _records), result in zip(entries, results, strict=True):
+            responses.setdefault(topic, []).append(result)
+        return produce.write_produce_response(list(responses.items()), header.api_version)
 
     # -- Fetch --------------------------------------------------------------------------------
 
@@ -129,6 +132,32 @@ class KafkaApis:
     def _leader_epoch(self, topic: str, partition: int) -> int:
         hosted = self.replica_manager.partitions.get((topic, partition))
         return hosted.state.leader_epoch if hosted else -1
+
+    # -- replication: OffsetForLeaderEpoch, LeaderAndIsr, StopReplica ------------------------
+
+    async def handle_offset_for_leader_epoch(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for p in topic.partitions:
+                error, epoch, end = self.replica_manager.end_offset_for_epoch(
+                    (topic.topic, p.partition), p.current_leader_epoch, p.leader_epoch)  # fmt: skip
+                partitions.append({"error_code": error, "partition": p.partition,
+                                   "leader_epoch": epoch, "end_offset": end})  # fmt: skip
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return messages.encode_response(header.api_key, header.api_version,
+                                        {"throttle_time": 0, "topics": topics})  # fmt: skip
+
+    async def handle_leader_and_isr(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = controller_requests.read_leader_and_isr(reader)
+        configs = await self.metadata.topic_configs({p.topic for p in request.partitions})
+        response = self.replica_manager.become_leader_or_follower(request, configs)
+        return controller_requests.write_partition_errors(response)
+
+    async def handle_stop_replica(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = controller_requests.read_stop_replica(reader)
+        return controller_requests.write_partition_errors(self.replica_manager.stop_replicas(request))
 
     # -- CreateTopics -------------------------------------------------------------------------
 

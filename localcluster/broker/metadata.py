@@ -13,6 +13,7 @@ New -> Online transition. `_add_initial_states` is the one place to remove then.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from kio.schema.errors import ErrorCode
 
 from localcluster.coord import (
+    BadVersionError,
     ChildrenWatch,
     CoordinationClient,
     NodeExistsError,
@@ -45,6 +47,12 @@ LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 TOPIC_CONFIGS = {"segment.bytes", "retention.ms", "retention.bytes", "min.insync.replicas",
                  "unclean.leader.election.enable", "cleanup.policy", "max.message.bytes"}  # fmt: skip
 CONFIG_TOPICS = "/config/topics"
+
+
+def legal_topic(name: str | None) -> bool:
+    """Kafka's Topic.validate: 1-249 of [a-zA-Z0-9._-], and neither '.' nor '..' (fullmatch:
+    the pattern's $ would also match before a trailing newline)."""
+    return bool(name) and name not in (".", "..") and LEGAL_TOPIC.fullmatch(name) is not None
 
 
 class TopicCreationError(Exception):
@@ -125,8 +133,6 @@ class ClusterMetadata:
     def controller_id(self, live: dict[int, BrokerRegistration]) -> int:
         try:
             data, _ = self.coord.get(paths.CONTROLLER)
-            import json
-
             return int(json.loads(data)["brokerid"])
         except (NoNodeError, ValueError, KeyError, TypeError):
             # No controller yet: name the lowest live broker, which can create topics too.
@@ -160,6 +166,9 @@ class ClusterMetadata:
             return {}
         return decode_topic_config(config_path(topic), data)
 
+    async def topic_configs(self, topics) -> dict[str, dict[str, str]]:
+        return await self._run(lambda: {t: self.topic_config(t) for t in topics})
+
     async def describe(self, names: list[str] | None, allow_auto_create: bool) -> dict:
         return await self._run(self._describe, names, allow_auto_create)
 
@@ -175,9 +184,16 @@ class ClusterMetadata:
                 "controller_id": self.controller_id(live), "topics": topics}  # fmt: skip
 
     def _describe_topic(self, name: str, live, auto_create: bool) -> dict:
+        auto_create = auto_create and self.defaults.auto_create_topics_enable
+        if not legal_topic(name):
+            # Never look an illegal name up: it is no znode path ('a\x10' is refused by the
+            # store, 'a/b' names another node). Kafka's answers: INVALID_TOPIC_EXCEPTION when
+            # it would have created the topic, else UNKNOWN_TOPIC_OR_PARTITION.
+            code = ErrorCode.invalid_topic_exception if auto_create else ErrorCode.unknown_topic_or_partition
+            return {"name": name, "error_code": code, "partitions": []}
         assignment = self.assignment(name)
         if assignment is None:
-            if auto_create and self.defaults.auto_create_topics_enable and LEGAL_TOPIC.match(name):
+            if auto_create:
                 try:
                     self._create_topic(name, -1, -1, {}, None, False)
                 except TopicCreationError as e:
@@ -204,7 +220,6 @@ class ClusterMetadata:
         return {"name": name, "error_code": 0, "partitions": partitions}
 
     def cluster_id(self) -> str:
-        import json
         import uuid
 
         try:
@@ -230,9 +245,10 @@ class ClusterMetadata:
 
     def _create_topic(self, name, num_partitions, replication_factor, configs, assignments,
                       validate_only) -> None:  # fmt: skip
-        if not LEGAL_TOPIC.match(name or ""):
+        if not legal_topic(name):
             raise TopicCreationError(ErrorCode.invalid_topic_exception,
-                                     f"topic name {name!r} must be 1-249 of [a-zA-Z0-9._-]")  # fmt: skip
+                                     f"topic name {name!r} must be 1-249 of [a-zA-Z0-9._-], "
+                                     "not '.' or '..'")  # fmt: skip
         unknown = sorted(set(configs) - TOPIC_CONFIGS)
         if unknown:
             raise TopicCreationError(ErrorCode.invalid_config,
@@ -303,7 +319,9 @@ class ClusterMetadata:
         self._watches.append(ChildrenWatch(self.coord, paths.BROKER_TOPICS,
                                            lambda children: on_change()))  # fmt: skip
 
-    def partitions_led_by_me(self) -> list[tuple[str, int, LeaderAndIsr, tuple[int, ...], dict]]:
+    def partitions_led_by_me(self) -> list[tuple[str, int, LeaderAndIsr, int, tuple[int, ...], dict]]:
+        """(topic, partition, state, zk_version, replicas, topic config) of every partition
+        whose state znode names this broker as leader."""
         out = []
         for topic in self.topics():
             assignment = self.assignment(topic)
@@ -317,5 +335,38 @@ class ClusterMetadata:
                 if found is not None and found[0].leader == self.broker_id:
                     if config is None:
                         config = self.topic_config(topic)
-                    out.append((topic, p, found[0], replicas, config))
+                    out.append((topic, p, found[0], found[1], replicas, config))
         return out
+
+    # -- replication --------------------------------------------------------------------------
+
+    def broker_socket(self, broker_id: int) -> str | None:
+        path = paths.broker_path(broker_id)
+        try:
+            data, _ = self.coord.get(path)
+        except NoNodeError:
+            return None
+        return BrokerRegistration.decode(broker_id, path, data).unix_socket or None
+
+    def update_isr(self, update) -> tuple[bool, int | None]:
+        """Write a leader's new ISR, conditional on the zkVersion it read (Kafka's
+        updateLeaderAndIsr), and notify the controller through /isr_change_notification.
+        Returns (written, zk_version now); zk_version None when the leader was fenced."""
+        path = paths.partition_state_path(update.topic, update.partition)
+        found = self.partition_state(update.topic, update.partition)
+        controller_epoch = found[0].controller_epoch if found else 0
+        state = LeaderAndIsr(update.leader, update.leader_epoch, tuple(update.isr), controller_epoch)
+        try:
+            stat = self.coord.set(path, state.encode(), version=update.zk_version)
+        except (BadVersionError, NoNodeError):
+            found = self.partition_state(update.topic, update.partition)
+            if found is None:
+                return False, None
+            current, version = found
+            if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
+                return False, version  # only the version moved (e.g. the controller's write)
+            return False, None
+        self.coord.create(paths.isr_change_notification_prefix(), json.dumps(
+            {"version": 1, "partitions": [{"topic": update.topic, "partition": update.partition}]}
+        ).encode(), sequence=True)  # fmt: skip
+        return True, stat.version

@@ -27,8 +27,10 @@ from localcluster.broker.config import BrokerConfig
 from localcluster.broker.kafka_apis import KafkaApis
 from localcluster.broker.metadata import ClusterMetadata
 from localcluster.broker.network import Listener, tcp_listen, unix_listen
+from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.coord.znode_data import BrokerRegistration
+from localcluster.protocol.controller_requests import PartitionState
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,10 @@ class BrokerServer:
         tcp = tcp_listen(c.listener_host, c.port)
         unix = unix_listen(str(self.socket_path))
         apis = KafkaApis(self.replica_manager, self.metadata)
+        self.replica_manager.isr_writer = lambda update: asyncio.to_thread(self.metadata.update_isr, update)
+        self.replica_manager.fetchers = ReplicaFetcherManager(
+            self.replica_manager, c.broker_id, c.replica_fetch_wait_max_ms,
+            lambda broker: asyncio.to_thread(self.metadata.broker_socket, broker))  # fmt: skip
         for sock, name in ((tcp, "tcp"), (unix, "unix")):
             listener = Listener(sock, apis.handle, c.socket_request_max_bytes, name)
             listener.start()
@@ -135,6 +141,8 @@ class BrokerServer:
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_interval_ms, self.replica_manager.checkpoint)),
             loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
+            loop.create_task(self._every(max(c.replica_lag_time_max_ms // 2, 10),
+                                         self.replica_manager.maybe_shrink_isr)),
         ]  # fmt: skip
         log.info("broker %d ready: tcp %s:%d, unix %s, logs in %s", c.broker_id, c.listener_host,
                  port, self.socket_path, self.data_dir)  # fmt: skip
@@ -156,15 +164,16 @@ class BrokerServer:
                 log.exception("could not read partition leadership from the store; retrying")
 
     async def _reconcile(self) -> None:
-        """Lead what the store says this broker leads (the controller's job from issue 6)."""
+        """Lead what the store says this broker leads: the controller's LeaderAndIsr for
+        partitions no controller has told us about (until the controller exists, issue 6)."""
         led = await asyncio.to_thread(self.metadata.partitions_led_by_me)
-        now_ms = int(time.time() * 1000)
-        for topic, partition, state, replicas, config in led:
+        for topic, partition, state, zk_version, replicas, config in led:
             hosted = self.replica_manager.partitions.get((topic, partition))
             if hosted is not None and hosted.state.leader_epoch >= state.leader_epoch:
                 continue
-            self.replica_manager.make_leader((topic, partition), state.leader_epoch, state.isr,
-                                             replicas, now_ms, config)  # fmt: skip
+            self.replica_manager.make_leader(PartitionState(
+                topic, partition, state.controller_epoch, state.leader, state.leader_epoch,
+                state.isr, zk_version, replicas), config)  # fmt: skip
 
     async def _every(self, interval_ms: int, action) -> None:
         while True:
@@ -186,6 +195,8 @@ class BrokerServer:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.replica_manager.fetchers is not None:
+            await self.replica_manager.fetchers.close()
         for listener in self._listeners:
             await listener.close()
         try:

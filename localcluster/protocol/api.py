@@ -49,6 +49,10 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.METADATA: VersionRange(0, 8, 9),
     ApiKey.API_VERSIONS: VersionRange(0, 3, 3),
     ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
+    # The ZK-era controller APIs, version 0 of our own layouts (controller_requests.py).
+    ApiKey.LEADER_AND_ISR: VersionRange(0, 0, 1 << 15),
+    ApiKey.STOP_REPLICA: VersionRange(0, 0, 1 << 15),
 }
 
 

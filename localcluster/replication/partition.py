@@ -1,15 +1,19 @@
 """Partition: one replica's view of a partition's replication state. Sans-I/O.
 
 It holds the leader, leader epoch, ISR and assignment this broker was told about, the high
-watermark, and (when leading) what it knows of each follower's log end offset. It never reads
-a clock, a file or a socket: the runtime feeds it events (`make_leader`, `on_local_append`,
-`update_follower_fetch_state`) with the current time and the log's offsets, and applies what
-it answers (e.g. a new high watermark that frees parked produce requests).
+watermark, and (when leading) what it knows of each follower from its fetches. It never reads a
+clock, a file or a socket: the runtime feeds it events with the current time and the log's
+offsets, and carries out what it answers:
+- `IsrUpdate`: write the new ISR to the partition state znode, conditional on `zk_version`;
+  report back with `on_isr_update_succeeded` / `on_isr_update_failed`. Until it lands, the
+  ISR used for the high watermark stays the committed one (so a shrink never raises the HW
+  before ZooKeeper agrees, and an expand never lowers it).
+- a moved high watermark (returned as True): complete parked produces, wake fetches.
 
 Invariants, asserted at every exit that changes state:
     log_start_offset <= high_watermark <= log_end_offset
-    a leader is in its own ISR
-    the high watermark never moves backwards within a leader epoch
+    a leader is in its own ISR, and its ISR is a subset of its assignment
+    the high watermark never moves backwards while this replica leads one epoch
 """
 
 from __future__ import annotations
@@ -21,12 +25,27 @@ class NotLeaderError(Exception):
     """This broker does not lead the partition (NOT_LEADER_OR_FOLLOWER)."""
 
 
+@dataclass(frozen=True, slots=True)
+class IsrUpdate:
+    """Ask the runtime to write `isr` to the state znode at `zk_version`."""
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    zk_version: int
+    reason: str
+
+
 @dataclass(slots=True)
 class ReplicaState:
-    """A follower as the leader sees it, from its fetches."""
+    """A follower as the leader sees it, from its fetches (Kafka's Replica on the leader)."""
 
     log_end_offset: int = -1
     last_caught_up_time_ms: int = 0
+    last_fetch_leader_log_end_offset: int = -1
+    last_fetch_time_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -38,36 +57,69 @@ class Partition:
     leader_id: int = -1
     leader_epoch: int = -1
     isr: frozenset[int] = frozenset()
+    zk_version: int = -1  # version of the partition state znode our ISR came from
+    controller_epoch: int = -1
     high_watermark: int = 0
     log_start_offset: int = 0
     log_end_offset: int = 0
+    leader_epoch_start_offset: int = 0  # where this leader's epoch began in its log
     replicas: dict[int, ReplicaState] = field(default_factory=dict)
+    pending_isr: tuple[int, ...] | None = None  # an IsrUpdate in flight
 
     @property
     def is_leader(self) -> bool:
         return self.leader_id == self.local_broker_id
 
-    def make_leader(self, leader_epoch: int, isr: frozenset[int], assignment: tuple[int, ...],
-                    log_start_offset: int, log_end_offset: int, high_watermark: int,
-                    now_ms: int) -> None:  # fmt: skip
-        """Become the leader in `leader_epoch` (from a controller's LeaderAndIsr).
+    @property
+    def tp(self) -> tuple[str, int]:
+        return self.topic, self.partition
 
-        `high_watermark` is the checkpointed or last known one, capped by the log end.
-        """
+    # -- role changes (from LeaderAndIsr) ---------------------------------------------------
+
+    def make_leader(self, leader_epoch: int, isr, assignment, zk_version: int,
+                    log_start_offset: int, log_end_offset: int, high_watermark: int,
+                    now_ms: int, controller_epoch: int = -1) -> bool:  # fmt: skip
+        """Become the leader in `leader_epoch`. `high_watermark` is the last known one (a
+        follower's or the checkpoint's), capped by the log end. True when the HW moved."""
         assert leader_epoch >= self.leader_epoch, (leader_epoch, self.leader_epoch)
+        new_epoch = leader_epoch != self.leader_epoch or not self.is_leader
         self.leader_id = self.local_broker_id
         self.leader_epoch = leader_epoch
-        self.isr = frozenset(isr) | {self.local_broker_id}
+        self.controller_epoch = controller_epoch
         self.assignment = tuple(assignment)
+        self.isr = frozenset(isr) | {self.local_broker_id}
+        self.zk_version = zk_version
+        self.pending_isr = None
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+        if new_epoch:
+            self.leader_epoch_start_offset = log_end_offset
+            self.high_watermark = max(log_start_offset, min(high_watermark, log_end_offset))
+            # Every follower gets a fresh lag clock: it has replica.lag.time.max.ms to fetch.
+            self.replicas = {r: ReplicaState(last_caught_up_time_ms=now_ms)
+                             for r in self.assignment if r != self.local_broker_id}  # fmt: skip
+        moved = self.maybe_increment_leader_hw()
+        self._check()
+        return moved
+
+    def make_follower(self, leader_id: int, leader_epoch: int, isr, assignment, zk_version: int,
+                      log_start_offset: int, log_end_offset: int, high_watermark: int,
+                      controller_epoch: int = -1) -> None:  # fmt: skip
+        assert leader_id != self.local_broker_id
+        self.leader_id = leader_id
+        self.leader_epoch = leader_epoch
+        self.controller_epoch = controller_epoch
+        self.assignment = tuple(assignment)
+        self.isr = frozenset(isr)
+        self.zk_version = zk_version
+        self.pending_isr = None
+        self.replicas = {}
         self.log_start_offset = log_start_offset
         self.log_end_offset = log_end_offset
         self.high_watermark = max(log_start_offset, min(high_watermark, log_end_offset))
-        self.replicas = {
-            r: ReplicaState(last_caught_up_time_ms=now_ms)
-            for r in self.assignment if r != self.local_broker_id
-        }  # fmt: skip
-        self.maybe_increment_leader_hw()
         self._check()
+
+    # -- leader: appends and follower fetches -------------------------------------------------
 
     def on_local_append(self, log_end_offset: int) -> bool:
         """The leader appended; True when the high watermark moved."""
@@ -79,29 +131,123 @@ class Partition:
         self._check()
         return moved
 
+    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int,
+                                    now_ms: int) -> tuple[bool, IsrUpdate | None]:  # fmt: skip
+        """A follower fetched at `fetch_offset` (its log end offset). Returns (HW moved, ISR
+        expansion to write or None). As Kafka's updateFetchState: a follower is caught up
+        when it reaches the leader's end, or the end the leader had at its previous fetch."""
+        if not self.is_leader:
+            raise NotLeaderError(f"{self.topic}-{self.partition} is led by {self.leader_id}")
+        replica = self.replicas.get(replica_id)
+        if replica is None:
+            return False, None  # not an assigned replica (e.g. removed by reassignment)
+        if fetch_offset >= self.log_end_offset:
+            replica.last_caught_up_time_ms = max(replica.last_caught_up_time_ms, now_ms)
+        elif fetch_offset >= replica.last_fetch_leader_log_end_offset:
+            replica.last_caught_up_time_ms = max(replica.last_caught_up_time_ms,
+                                                 replica.last_fetch_time_ms)  # fmt: skip
+        replica.last_fetch_leader_log_end_offset = self.log_end_offset
+        replica.last_fetch_time_ms = now_ms
+        replica.log_end_offset = fetch_offset
+        update = self.maybe_expand_isr(replica_id)
+        moved = self.maybe_increment_leader_hw()
+        self._check()
+        return moved, update
+
+    def maybe_expand_isr(self, replica_id: int) -> IsrUpdate | None:
+        """Add a follower that reached the HW and the start of this leader's epoch."""
+        if replica_id in self.isr or self.pending_isr is not None:
+            return None
+        replica = self.replicas.get(replica_id)
+        if replica is None or replica.log_end_offset < self.high_watermark:
+            return None
+        if replica.log_end_offset < self.leader_epoch_start_offset:
+            return None  # it must have replicated this epoch's start (TLA+ rule, KIP-320)
+        return self._propose(sorted(self.isr | {replica_id}),
+                             f"replica {replica_id} caught up to {replica.log_end_offset}")  # fmt: skip
+
+    def maybe_shrink_isr(self, now_ms: int, lag_time_max_ms: int) -> IsrUpdate | None:
+        """Drop followers that have not caught up for `replica.lag.time.max.ms`."""
+        if not self.is_leader or self.pending_isr is not None:
+            return None
+        out = sorted(r for r in self.isr if r != self.local_broker_id and
+                     now_ms - self.replicas.get(r, ReplicaState()).last_caught_up_time_ms
+                     > lag_time_max_ms)  # fmt: skip
+        if not out:
+            return None
+        return self._propose(sorted(self.isr - set(out)),
+                             f"replicas {out} lagged more than {lag_time_max_ms} ms")  # fmt: skip
+
+    def _propose(self, isr: list[int], reason: str) -> IsrUpdate:
+        self.pending_isr = tuple(isr)
+        return IsrUpdate(self.topic, self.partition, self.local_broker_id, self.leader_epoch,
+                         tuple(isr), self.zk_version, reason)  # fmt: skip
+
+    def on_isr_update_succeeded(self, isr: tuple[int, ...], zk_version: int) -> bool:
+        """The znode now holds `isr` at `zk_version`. True when the HW moved."""
+        self.pending_isr = None
+        if not self.is_leader:
+            return False
+        self.isr = frozenset(isr)
+        self.zk_version = zk_version
+        moved = self.maybe_increment_leader_hw()
+        self._check()
+        return moved
+
+    def on_isr_update_failed(self, zk_version: int | None = None) -> None:
+        """The conditional write lost (the controller changed the state): retry later with
+        the version re-read, or wait for the controller's LeaderAndIsr."""
+        self.pending_isr = None
+        if zk_version is not None:
+            self.zk_version = zk_version
+
+    def maybe_increment_leader_hw(self) -> bool:
+        """HW = the smallest log end offset in the ISR; it only moves forward."""
+        if not self.is_leader:
+            return False
+        candidate = self.log_end_offset
+        for r in self.isr:
+            if r != self.local_broker_id:
+                candidate = min(candidate, self.replicas.get(r, ReplicaState()).log_end_offset)
+        if candidate > self.high_watermark:
+            self.high_watermark = candidate
+            return True
+        return False
+
+    # -- follower ------------------------------------------------------------------------------
+
+    def on_follower_append(self, log_end_offset: int, leader_high_watermark: int) -> bool:
+        """The follower appended what it fetched: HW = min(leader's HW, own log end)."""
+        assert not self.is_leader
+        self.log_end_offset = log_end_offset
+        # It may move back: a new leader can know a lower HW than the follower was told.
+        new_hw = max(self.log_start_offset, min(leader_high_watermark, log_end_offset))
+        moved = new_hw != self.high_watermark
+        self.high_watermark = new_hw
+        self._check()
+        return moved
+
+    def on_follower_truncated(self, log_start_offset: int, log_end_offset: int) -> None:
+        assert not self.is_leader
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+        self.high_watermark = max(log_start_offset, min(self.high_watermark, log_end_offset))
+        self._check()
+
     def on_log_start_offset(self, log_start_offset: int) -> None:
         """Retention moved the log start (never past the high watermark)."""
         assert log_start_offset <= self.high_watermark
         self.log_start_offset = log_start_offset
         self._check()
 
-    def maybe_increment_leader_hw(self) -> bool:
-        """HW = the smallest log end offset in the ISR; it only moves forward."""
-        if not self.is_leader:
-            return False
-        ends = [self.log_end_offset]
-        for replica in self.isr:
-            if replica != self.local_broker_id:
-                ends.append(self.replicas.get(replica, ReplicaState()).log_end_offset)
-        candidate = min(ends)
-        if candidate > self.high_watermark:
-            self.high_watermark = candidate
-            return True
-        return False
+    def in_sync_count(self) -> int:
+        return len(self.isr)
 
     def _check(self) -> None:
         assert self.log_start_offset <= self.high_watermark <= self.log_end_offset, (
             self.topic, self.partition, self.log_start_offset, self.high_watermark,
             self.log_end_offset,
         )  # fmt: skip
-        assert not self.is_leader or self.local_broker_id in self.isr
+        if self.is_leader:
+            assert self.local_broker_id in self.isr, (self.tp, self.isr)
+            assert not self.assignment or self.isr <= set(self.assignment), (self.tp, self.isr)

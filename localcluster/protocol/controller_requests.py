@@ -1,0 +1,142 @@
+"""The ZooKeeper-era controller requests, which kio (Kafka 4's schemas) no longer has.
+
+Encoded on the layouts of the design documents (design-docs/004), with Kafka's framing and a
+v1 request header, as version 0 of their API keys:
+
+LeaderAndIsr (4):  controller_id int32, controller_epoch int32, is_init int8,
+                   [topic string, partition int32, controller_epoch int32, leader int32,
+                    leader_epoch int32, isr [int32], zk_version int32, replicas [int32],
+                    is_new int8]
+    response:      error_code int16, [topic string, partition int32, error_code int16]
+StopReplica (5):   controller_id int32, controller_epoch int32, delete_partitions int8,
+                   [topic string, partition int32]
+    response:      error_code int16, [topic string, partition int32, error_code int16]
+ControlledShutdown (7): broker_id int32
+    response:      error_code int16, [topic string, partition int32] (partitions still led)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localcluster.protocol.wire import Reader, Writer
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    topic: str
+    partition: int
+    controller_epoch: int
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    zk_version: int
+    replicas: tuple[int, ...]
+    is_new: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsrRequest:
+    controller_id: int
+    controller_epoch: int
+    partitions: tuple[PartitionState, ...]
+    is_init: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplicaRequest:
+    controller_id: int
+    controller_epoch: int
+    delete_partitions: bool
+    partitions: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionErrors:
+    """The response of LeaderAndIsr and StopReplica."""
+
+    error_code: int
+    partitions: tuple[tuple[str, int, int], ...]  # (topic, partition, error code)
+
+
+def _int32s(r: Reader) -> tuple[int, ...]:
+    return tuple(r.int32() for _ in range(r.array_length()))
+
+
+def _write_int32s(w: Writer, values) -> None:
+    w.int32(len(values))
+    for v in values:
+        w.int32(v)
+
+
+def write_leader_and_isr(request: LeaderAndIsrRequest) -> bytes:
+    w = Writer().int32(request.controller_id).int32(request.controller_epoch)
+    w.int8(int(request.is_init)).int32(len(request.partitions))
+    for p in request.partitions:
+        w.string(p.topic).int32(p.partition).int32(p.controller_epoch).int32(p.leader)
+        w.int32(p.leader_epoch)
+        _write_int32s(w, p.isr)
+        w.int32(p.zk_version)
+        _write_int32s(w, p.replicas)
+        w.int8(int(p.is_new))
+    return w.getvalue()
+
+
+def read_leader_and_isr(r: Reader) -> LeaderAndIsrRequest:
+    controller_id, controller_epoch, is_init = r.int32(), r.int32(), bool(r.int8())
+    partitions = []
+    for _ in range(r.array_length()):
+        topic, partition, cepoch, leader, epoch = r.string(), r.int32(), r.int32(), r.int32(), r.int32()
+        isr = _int32s(r)
+        zk_version = r.int32()
+        replicas = _int32s(r)
+        partitions.append(PartitionState(topic, partition, cepoch, leader, epoch, isr, zk_version,
+                                         replicas, bool(r.int8())))  # fmt: skip
+    return LeaderAndIsrRequest(controller_id, controller_epoch, tuple(partitions), is_init)
+
+
+def write_stop_replica(request: StopReplicaRequest) -> bytes:
+    w = Writer().int32(request.controller_id).int32(request.controller_epoch)
+    w.int8(int(request.delete_partitions)).int32(len(request.partitions))
+    for topic, partition in request.partitions:
+        w.string(topic).int32(partition)
+    return w.getvalue()
+
+
+def read_stop_replica(r: Reader) -> StopReplicaRequest:
+    controller_id, controller_epoch, delete = r.int32(), r.int32(), bool(r.int8())
+    partitions = tuple((r.string(), r.int32()) for _ in range(r.array_length()))
+    return StopReplicaRequest(controller_id, controller_epoch, delete, partitions)
+
+
+def write_partition_errors(response: PartitionErrors) -> bytes:
+    w = Writer().int16(response.error_code).int32(len(response.partitions))
+    for topic, partition, error in response.partitions:
+        w.string(topic).int32(partition).int16(error)
+    return w.getvalue()
+
+
+def read_partition_errors(r: Reader) -> PartitionErrors:
+    error_code = r.int16()
+    partitions = tuple((r.string(), r.int32(), r.int16()) for _ in range(r.array_length()))
+    return PartitionErrors(error_code, partitions)
+
+
+def write_controlled_shutdown(broker_id: int) -> bytes:
+    return Writer().int32(broker_id).getvalue()
+
+
+def read_controlled_shutdown(r: Reader) -> int:
+    return r.int32()
+
+
+def write_controlled_shutdown_response(error_code: int, remaining: list[tuple[str, int]]) -> bytes:
+    w = Writer().int16(error_code).int32(len(remaining))
+    for topic, partition in remaining:
+        w.string(topic).int32(partition)
+    return w.getvalue()
+
+
+def read_controlled_shutdown_response(r: Reader) -> tuple[int, list[tuple[str, int]]]:
+    error_code = r.int16()
+    return error_code, [(r.string(), r.int32()) for _ in range(r.array_length())]
