@@ -1,0 +1,384 @@
+"""One connection to one broker: framing, correlation ids, pipelining, version negotiation.
+
+`BrokerConnection` owns an asyncio stream to a Unix socket path or a TCP host:port. Requests
+are written as they come (up to `max_in_flight` unanswered at once) and a reader task matches
+each response to the oldest outstanding request, as Kafka answers in request order on a
+connection. The first request is ApiVersions; every later request goes out at the highest
+version both the broker and our protocol modules speak (`SUPPORTED` in protocol/api.py).
+
+Failure rules: a broker that closes the socket, a response whose correlation id is not the one
+expected, or a request unanswered within its timeout closes the connection, and every request
+still outstanding fails with a retriable error naming the broker (Kafka's clients do the
+same: responses come in order, so a lost one cannot be skipped). A closed connection is never
+reused; the caller opens a new one.
+
+Also here, shared by the producer, consumer and admin: Kafka errors, configuration parsing
+(Kafka's property names), and `LoopThread`, the event loop thread behind the synchronous
+facades.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import itertools
+import logging
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from localcluster.protocol import messages
+from localcluster.protocol.api import (
+    SUPPORTED,
+    ApiKey,
+    RequestHeader,
+    is_flexible,
+    write_request_header,
+)
+from localcluster.protocol.wire import Reader, Writer
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+MAX_RESPONSE_BYTES = 256 * 1024 * 1024  # a larger size field means the stream is garbage
+DEFAULT_CLIENT_ID = "localcluster-client"
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+class KafkaError(Exception):
+    """An error a broker answered with (a Kafka error code), or a client-side failure."""
+
+    def __init__(self, message: str, code: int = -1, retriable: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.retriable = retriable
+
+    @classmethod
+    def from_code(cls, code: int, context: str = "", message: str | None = None) -> KafkaError:
+        try:
+            error = ErrorCode(code)
+            name, retriable = error.name.upper(), bool(error.retriable)
+        except ValueError:
+            name, retriable = f"error code {code}", False
+        text = f"{context}: {name}" if context else name
+        if message:
+            text += f" ({message})"
+        kind = OffsetOutOfRangeError if code == ErrorCode.offset_out_of_range else cls
+        return kind(text, code, retriable)
+
+
+class KafkaConnectionError(KafkaError):
+    """The broker cannot be reached or went away; retriable (another attempt reconnects)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code=-1, retriable=True)
+
+
+class RequestTimedOutError(KafkaConnectionError):
+    """No response within request.timeout.ms; the connection was closed."""
+
+
+class OffsetOutOfRangeError(KafkaError):
+    """A fetch position outside [log start, high watermark] with auto.offset.reset=none."""
+
+
+def check_error(code: int, context: str = "", message: str | None = None) -> None:
+    if code != 0:
+        raise KafkaError.from_code(code, context, message)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def resolve_config(defaults: Mapping[str, Any], config: Mapping[str, Any] | None,
+                   overrides: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Kafka property names (`linger.ms`) from `config`, or as keywords (`linger_ms`).
+
+    Values are coerced to the default's type; unknown names raise ValueError listing the known.
+    """
+    out = dict(defaults)
+    given = dict(config or {})
+    given.update({k.replace("_", "."): v for k, v in overrides.items() if v is not None})
+    for name, value in given.items():
+        if name not in defaults:
+            raise ValueError(f"unknown setting {name!r}; known: {', '.join(sorted(defaults))}")
+        default = defaults[name]
+        if isinstance(default, bool):
+            value = value if isinstance(value, bool) else str(value).lower() == "true"
+        elif isinstance(default, int) and not isinstance(value, int):
+            try:
+                value = int(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}={value!r}: expected an integer") from None
+        out[name] = value
+    return out
+
+
+# -- addresses ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A broker endpoint: a Unix socket path, or a TCP host and port."""
+
+    host: str = ""
+    port: int = 0
+    unix_socket: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        """`host:port`, `unix:/path/to/broker.sock`, or a path starting with '/'."""
+        text = text.strip()
+        if text.startswith("unix:"):
+            return cls(unix_socket=text[len("unix:") :])
+        if text.startswith("/"):
+            return cls(unix_socket=text)
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"broker address {text!r}: expected host:port or unix:/path")
+        return cls(host=host.strip("[]"), port=int(port))
+
+    def __str__(self) -> str:
+        return f"unix:{self.unix_socket}" if self.unix_socket else f"{self.host}:{self.port}"
+
+
+# -- the connection -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Pending:
+    correlation_id: int
+    api_key: int
+    version: int
+    future: asyncio.Future
+
+
+class BrokerConnection:
+    """One open connection; `send` is safe to call from many tasks at once."""
+
+    def __init__(self, address: Address, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 client_id: str, max_in_flight: int, request_timeout_ms: int):  # fmt: skip
+        assert max_in_flight >= 1
+        self.address = address
+        self.client_id = client_id
+        self.request_timeout_ms = request_timeout_ms
+        self.versions: dict[int, int] = {}
+        self._reader = reader
+        self._writer = writer
+        self._correlation = itertools.count(1)
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._max_in_flight = max_in_flight
+        self._closed: KafkaError | None = None
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def open(cls, address: Address, *, client_id: str = DEFAULT_CLIENT_ID,
+                   max_in_flight: int = 5, request_timeout_ms: int = 30_000,
+                   connect_timeout_ms: int = 10_000) -> BrokerConnection:  # fmt: skip
+        """Connect and negotiate API versions; raises KafkaConnectionError if unreachable."""
+        try:
+            if address.unix_socket:
+                opening = asyncio.open_unix_connection(address.unix_socket, limit=1 << 20)
+            else:
+                opening = asyncio.open_connection(address.host, address.port, limit=1 << 20)
+            reader, writer = await asyncio.wait_for(opening, connect_timeout_ms / 1000)
+        except (OSError, TimeoutError) as e:
+            raise KafkaConnectionError(f"cannot connect to broker at {address}: {e}") from e
+        connection = cls(address, reader, writer, client_id, max_in_flight, request_timeout_ms)
+        try:
+            await connection._negotiate_versions()
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def has_capacity(self) -> bool:
+        return not self.closed and self._slots._value > 0  # noqa: SLF001 (no public peek)
+
+    def version(self, api_key: int) -> int:
+        if api_key not in self.versions:
+            raise KafkaError(f"broker at {self.address} does not support {ApiKey(api_key).name} in "
+                             f"versions we speak ({SUPPORTED[api_key].min}-{SUPPORTED[api_key].max})",
+                             ErrorCode.unsupported_version)  # fmt: skip
+        return self.versions[api_key]
+
+    async def _negotiate_versions(self) -> None:
+        ours = SUPPORTED[ApiKey.API_VERSIONS]
+        version = ours.max
+        body = {"client_software_name": "localcluster", "client_software_version": "0.1"}
+        for _ in range(2):
+            payload, offset = await self.send(ApiKey.API_VERSIONS,
+                                              lambda v: messages.encode_request(ApiKey.API_VERSIONS, v, body),
+                                              version=version)  # fmt: skip
+            response = messages.decode_response(ApiKey.API_VERSIONS, version, payload, offset)
+            if response.error_code == ErrorCode.unsupported_version and version != 0:
+                version = 0  # the broker answered in v0 with its range; ask again in v0
+                continue
+            check_error(response.error_code, f"ApiVersions from {self.address}")
+            break
+        for key in response.api_keys:
+            mine = SUPPORTED.get(key.api_key)
+            if mine is None or key.api_key == ApiKey.API_VERSIONS:
+                continue
+            best = min(mine.max, key.max_version)
+            if best >= max(mine.min, key.min_version):
+                self.versions[key.api_key] = best
+        self.versions[ApiKey.API_VERSIONS] = version
+
+    async def send(self, api_key: int, encode: Callable[[int], bytes], *, version: int | None = None,
+                   expect_response: bool = True, timeout_ms: int | None = None):  # fmt: skip
+        """Send a request whose body is `encode(version)`; return (frame, body offset).
+
+        With expect_response=False (Produce acks=0) returns None once the bytes are written.
+        """
+        if self._closed is not None:
+            raise self._closed
+        if version is None:
+            version = self.version(api_key)
+        await self._slots.acquire()
+        released = False
+        try:
+            if self._closed is not None:
+                raise self._closed
+            correlation_id = next(self._correlation) & 0x7FFFFFFF
+            head = Writer()
+            write_request_header(head, RequestHeader(api_key, version, correlation_id, self.client_id))
+            body = encode(version)
+            self._writer.write(_SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body)
+            if not expect_response:
+                self._slots.release()
+                released = True
+                await self._drain()
+                return None
+            future = asyncio.get_running_loop().create_future()
+            self._pending.append(_Pending(correlation_id, api_key, version, future))
+            await self._drain()
+            timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            except TimeoutError:
+                self._fail(RequestTimedOutError(
+                    f"{ApiKey(api_key).name} to broker at {self.address} unanswered after "
+                    f"{timeout_s * 1000:.0f} ms; connection closed"))  # fmt: skip
+                raise self._closed from None
+        finally:
+            if not released:
+                self._slots.release()
+
+    async def _drain(self) -> None:
+        try:
+            await self._writer.drain()
+        except (OSError, RuntimeError) as e:
+            self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
+            raise self._closed from e
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                head = await self._reader.readexactly(4)
+                (size,) = _SIZE.unpack(head)
+                if size < 4 or size > MAX_RESPONSE_BYTES:
+                    raise KafkaConnectionError(f"broker at {self.address} sent a frame of {size} bytes")
+                frame = await self._reader.readexactly(size)
+                self._dispatch(frame)
+        except asyncio.IncompleteReadError:
+            pending = len(self._pending)
+            self._fail(KafkaConnectionError(
+                f"broker at {self.address} closed the connection"
+                + (f" with {pending} request(s) unanswered" if pending else "")))  # fmt: skip
+        except (OSError, ConnectionError) as e:
+            self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
+        except KafkaError as e:
+            self._fail(e)
+        except asyncio.CancelledError:
+            self._fail(KafkaConnectionError(f"connection to {self.address} closed"))
+            raise
+
+    def _dispatch(self, frame: bytes) -> None:
+        if not self._pending:
+            raise KafkaConnectionError(f"broker at {self.address} sent a response nobody asked for")
+        pending = self._pending.popleft()
+        reader = Reader(frame)
+        correlation_id = reader.int32()
+        if correlation_id != pending.correlation_id:
+            raise KafkaConnectionError(
+                f"broker at {self.address} answered correlation id {correlation_id}, expected "
+                f"{pending.correlation_id} ({ApiKey(pending.api_key).name})")  # fmt: skip
+        if pending.api_key != ApiKey.API_VERSIONS and is_flexible(pending.api_key, pending.version):
+            reader.skip_tagged_fields()
+        if not pending.future.done():
+            pending.future.set_result((frame, reader.pos))
+
+    def _fail(self, error: KafkaError) -> None:
+        if self._closed is None:
+            self._closed = error
+            log.debug("connection to %s closed: %s", self.address, error)
+        while self._pending:
+            future = self._pending.popleft().future
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved here: a caller that timed out never awaits it
+        self._writer.close()
+
+    def close(self) -> None:
+        """Close now; outstanding requests fail with KafkaConnectionError."""
+        self._fail(KafkaConnectionError(f"connection to {self.address} closed by the client"))
+        if not self._read_task.done():
+            self._read_task.cancel()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(self._read_task, return_exceptions=True)
+        try:
+            await self._writer.wait_closed()
+        except (OSError, ConnectionError):
+            pass
+
+
+# -- the event loop thread behind the synchronous facades ---------------------------------------
+
+
+class LoopThread:
+    """A daemon thread running an asyncio loop; `run(coro)` blocks the caller for its result.
+
+    The synchronous Producer, Consumer and Admin each own one, so scripts and the CLI use the
+    asyncio client without writing async code. `stop()` ends the loop and joins the thread.
+    """
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro, timeout_s: float | None = None):
+        return self.submit(coro).result(timeout_s)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()

@@ -1,0 +1,611 @@
+"""The producer: records into per-partition batches, batches into Produce requests, retries.
+
+`AsyncProducer.send` appends a record to the open batch of its partition (chosen by the
+murmur2 hash of the key as Kafka's default partitioner does, or stickily for null keys) and
+returns a future of (partition, offset). One sender task drains batches that are ready — full
+(`batch.size`), older than `linger.ms`, retried after `retry.backoff.ms`, or flushed — into one
+Produce request per leader broker (one batch per partition per request, as Kafka does), with
+at most `max.in.flight.requests.per.connection` requests outstanding per broker.
+
+Retriable errors (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS, REQUEST_
+TIMED_OUT, a lost connection, ...) put the batch back at the head of its partition's queue,
+refresh metadata when the leader may have moved, and try again until `retries` or
+`delivery.timeout.ms` is exhausted. As in Kafka without idempotence, a retried batch may land
+after a later batch of the same partition that was in flight at the same time; set
+max.in.flight.requests.per.connection=1 for strict order across retries.
+
+Bounds: `buffer.memory` bytes of unsent records (send waits up to `max.block.ms` for room),
+the in-flight limit per broker, and `delivery.timeout.ms` per batch.
+`Producer` is the synchronous facade (an event loop in a thread; see connection.LoopThread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import concurrent.futures
+import itertools
+import logging
+import random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode
+
+from localcluster.client.connection import (
+    DEFAULT_CLIENT_ID,
+    KafkaConnectionError,
+    KafkaError,
+    LoopThread,
+    resolve_config,
+)
+from localcluster.client.metadata import Cluster, TopicPartition
+from localcluster.protocol import produce
+from localcluster.protocol.api import ApiKey
+from localcluster.protocol.wire import Reader
+from localcluster.storage.record_batch import HEADER_SIZE, Record, encode_batch, validate_batch
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {
+    "client.id": DEFAULT_CLIENT_ID,
+    "acks": -1,  # "all"; Kafka's default since 3.0
+    "linger.ms": 5,  # Kafka 4.0's default (KIP-1030); 0 before
+    "batch.size": 16384,
+    "buffer.memory": 32 * 1024 * 1024,
+    "max.block.ms": 60_000,
+    "request.timeout.ms": 30_000,
+    "delivery.timeout.ms": 120_000,
+    "retries": 2_147_483_647,
+    "retry.backoff.ms": 100,
+    "max.in.flight.requests.per.connection": 5,
+    "metadata.max.age.ms": 300_000,
+    "reconnect.backoff.ms": 50,
+    "allow.auto.create.topics": True,
+}
+
+# Errors after which the partition's leader may have moved: refresh metadata before retrying.
+METADATA_ERRORS = {ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
+                   ErrorCode.leader_not_available, ErrorCode.fenced_leader_epoch,
+                   ErrorCode.unknown_leader_epoch}  # fmt: skip
+RECORD_OVERHEAD = 12  # attributes and the varints of length, deltas, key and value lengths
+
+
+# -- the default partitioner --------------------------------------------------------------------
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's Utils.murmur2 (seed 0x9747b28c), as a signed 32-bit int."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    end = length & ~3
+    for i in range(0, end, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[end + 2] << 16
+    if rest >= 2:
+        h ^= data[end + 1] << 8
+    if rest >= 1:
+        h ^= data[end]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    """Kafka's BuiltInPartitioner.partitionForKey: toPositive(murmur2(key)) % n."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+# -- batches ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class ProducerBatch:
+    tp: TopicPartition
+    sequence: int  # creation order within the producer: retried batches keep their place
+    created: float  # loop time
+    deadline: float  # delivery.timeout.ms after creation
+    records: list[Record] = field(default_factory=list)
+    futures: list[asyncio.Future] = field(default_factory=list)
+    size: int = HEADER_SIZE
+    raw: bytes | None = None  # the encoded batch, fixed at first drain (retries resend it)
+    count: int = 0
+    closed: bool = False  # takes no more records (full, drained, or prebuilt)
+    attempts: int = 0
+    retry_at: float = 0.0
+    done: asyncio.Future | None = None  # (partition, base offset) or the error
+
+    def encoded(self) -> bytes:
+        if self.raw is None:
+            self.raw = encode_batch(self.records)
+            self.records = []
+        return self.raw
+
+
+def _as_bytes(value) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def _headers(headers) -> tuple[tuple[str, bytes | None], ...]:
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return tuple((str(k), _as_bytes(v)) for k, v in items)
+
+
+class AsyncProducer:
+    def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
+                 **settings):  # fmt: skip
+        settings = dict(settings)
+        acks = settings.pop("acks", (config or {}).get("acks", DEFAULTS["acks"]))
+        config = {k: v for k, v in (config or {}).items() if k != "acks"}
+        self.config = resolve_config(DEFAULTS, config, settings)
+        self.acks = -1 if str(acks).lower() == "all" else int(acks)
+        if self.acks not in (0, 1, -1):
+            raise ValueError(f"acks={acks!r}: use 0, 1, -1 or 'all'")
+        c = self.config
+        self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
+                               request_timeout_ms=c["request.timeout.ms"],
+                               max_in_flight=c["max.in.flight.requests.per.connection"],
+                               reconnect_backoff_ms=c["reconnect.backoff.ms"],
+                               metadata_max_age_ms=c["metadata.max.age.ms"],
+                               allow_auto_create_topics=c["allow.auto.create.topics"])  # fmt: skip
+        self._queues: dict[TopicPartition, collections.deque[ProducerBatch]] = {}
+        self._incomplete: set[ProducerBatch] = set()
+        self._sequence = itertools.count()
+        self._in_flight: dict[int, int] = collections.defaultdict(int)
+        self._connecting: set[int] = set()
+        self._sticky: dict[str, tuple[int, ProducerBatch | None]] = {}
+        self._buffered = 0
+        self._room = asyncio.Condition()
+        self._wakeup = asyncio.Event()
+        self._flushing = 0
+        self._closing = False
+        self._sender: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._last_refresh = 0.0
+        self.requests_sent = 0  # Produce requests written (for tests and benchmarks)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> AsyncProducer:
+        await self.cluster.start()
+        self._sender = asyncio.get_running_loop().create_task(self._run_sender())
+        return self
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Send everything buffered now, and wait until each batch is acknowledged or failed."""
+        pending = [b.done for b in self._incomplete]
+        if not pending:
+            return
+        self._flushing += 1
+        self._wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout_s)
+        finally:
+            self._flushing -= 1
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Flush (up to timeout_s), then fail what is left and close the connections."""
+        if self._closing:
+            return
+        try:
+            await self.flush(timeout_s)
+        except TimeoutError:
+            log.warning("producer closed with %d batches unsent", len(self._incomplete))
+        finally:
+            self._closing = True
+            if self._sender is not None:
+                self._sender.cancel()
+            for task in (self._sender, *self._tasks):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(t for t in (self._sender, *self._tasks) if t),
+                                 return_exceptions=True)  # fmt: skip
+            for batch in list(self._incomplete):
+                self._fail(batch, KafkaError("the producer was closed before the batch was sent"))
+            await self.cluster.close()
+
+    # -- send -------------------------------------------------------------------------------
+
+    async def send(self, topic: str, value, key=None, partition: int | None = None,
+                   headers: Iterable | Mapping = (), timestamp_ms: int | None = None) -> asyncio.Future:  # fmt: skip
+        """Queue one record; the returned future resolves to (partition, offset).
+
+        Waits (up to max.block.ms) only for the topic's metadata the first time and for
+        buffer.memory room. With acks=0 the offset is -1, as in Kafka.
+        """
+        if self._closing:
+            raise KafkaError("send() on a closed producer")
+        record = Record(_as_bytes(value), _as_bytes(key), _headers(headers),
+                        int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms))  # fmt: skip
+        num_partitions = await self._partitions_of(topic)
+        if partition is None:
+            partition = self._choose_partition(topic, record.key, num_partitions)
+        elif not 0 <= partition < num_partitions:
+            raise KafkaError(f"partition {partition} of {topic!r} does not exist "
+                             f"(it has {num_partitions})", ErrorCode.unknown_topic_or_partition)  # fmt: skip
+        size = RECORD_OVERHEAD + len(record.key or b"") + len(record.value or b"") + sum(
+            len(k) + len(v or b"") + 4 for k, v in record.headers)  # fmt: skip
+        await self._reserve(size)
+        return self._append((topic, partition), record, size)
+
+    async def send_and_wait(self, topic: str, value, **kwargs) -> tuple[int, int]:
+        return await (await self.send(topic, value, **kwargs))
+
+    async def send_batch(self, topic: str, partition: int, records: bytes | Sequence[Record]) -> asyncio.Future:
+        """Queue one prebuilt batch (encoded RecordBatch v2 bytes, or Records to encode once).
+
+        The fast path for benchmarks: no per-record futures. Resolves to (partition, base offset).
+        """
+        if self._closing:
+            raise KafkaError("send_batch() on a closed producer")
+        raw = records if isinstance(records, bytes | bytearray | memoryview) else encode_batch(records)
+        header = validate_batch(raw, 0, check_crc=False)
+        await self._partitions_of(topic)
+        await self._reserve(len(raw))
+        batch = self._new_batch((topic, partition))
+        batch.raw, batch.count, batch.size, batch.closed = bytes(raw), header.records_count, len(raw), True
+        self._wakeup.set()
+        return batch.done
+
+    async def _partitions_of(self, topic: str) -> int:
+        info = self.cluster.metadata.topics.get(topic)
+        if info is not None and info.partitions and info.error_code == 0:
+            return len(info.partitions)
+        deadline = time.monotonic() + self.config["max.block.ms"] / 1000
+        self.cluster.add_topics([topic])
+        while True:
+            try:
+                await self.cluster.refresh_metadata()
+            except KafkaError as e:
+                if not e.retriable:
+                    raise
+            info = self.cluster.metadata.topics.get(topic)
+            if info is not None and info.partitions and info.error_code == 0:
+                return len(info.partitions)
+            if info is not None and info.error_code and not KafkaError.from_code(info.error_code).retriable:
+                raise KafkaError.from_code(info.error_code, f"topic {topic!r}")
+            if time.monotonic() > deadline:
+                raise KafkaError(f"topic {topic!r} not in the metadata after max.block.ms="
+                                 f"{self.config['max.block.ms']}", ErrorCode.unknown_topic_or_partition)  # fmt: skip
+            await asyncio.sleep(self.config["retry.backoff.ms"] / 1000)
+
+    def _choose_partition(self, topic: str, key: bytes | None, num_partitions: int) -> int:
+        if key is not None:
+            return partition_for_key(key, num_partitions)
+        # Sticky (KIP-480): stay on one partition until its batch closes, then pick another.
+        partition, batch = self._sticky.get(topic, (-1, None))
+        if partition >= 0 and partition < num_partitions and (batch is None or not batch.closed):
+            return partition
+        info = self.cluster.metadata.topics[topic]
+        available = [p.partition for p in info.partitions if self.cluster.metadata.leader((topic, p.partition)) is not None]
+        choices = [p for p in (available or range(num_partitions)) if p != partition] or [max(partition, 0)]
+        partition = random.choice(choices)
+        self._sticky[topic] = (partition, None)
+        return partition
+
+    async def _reserve(self, size: int) -> None:
+        limit = self.config["buffer.memory"]
+        if self._buffered + size <= limit or not self._buffered:
+            self._buffered += size
+            return
+        async with self._room:
+            try:
+                await asyncio.wait_for(self._room.wait_for(lambda: self._buffered + size <= limit or not self._buffered),
+                                       self.config["max.block.ms"] / 1000)  # fmt: skip
+            except TimeoutError:
+                raise KafkaError(f"no room in buffer.memory={limit} within max.block.ms") from None
+            self._buffered += size
+
+    def _release(self, size: int) -> None:
+        self._buffered -= size
+        if self._room._waiters:  # noqa: SLF001 (skip a task per batch when nobody waits)
+            asyncio.get_running_loop().create_task(self._notify_room())
+
+    async def _notify_room(self) -> None:
+        async with self._room:
+            self._room.notify_all()
+
+    def _new_batch(self, tp: TopicPartition) -> ProducerBatch:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        batch = ProducerBatch(tp, next(self._sequence), now, now + self.config["delivery.timeout.ms"] / 1000)
+        batch.done = loop.create_future()
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = collections.deque()
+        if queue and not queue[-1].closed:
+            queue[-1].closed = True
+        queue.append(batch)
+        self._incomplete.add(batch)
+        return batch
+
+    def _append(self, tp: TopicPartition, record: Record, size: int) -> asyncio.Future:
+        queue = self._queues.get(tp)
+        batch = queue[-1] if queue else None
+        if batch is None or batch.closed or (batch.count and batch.size + size > self.config["batch.size"]):
+            batch = self._new_batch(tp)
+        sticky = self._sticky.get(tp[0])
+        if sticky is not None and sticky[0] == tp[1] and sticky[1] is not batch:
+            self._sticky[tp[0]] = (tp[1], batch)
+        future = asyncio.get_running_loop().create_future()
+        batch.records.append(record)
+        batch.futures.append(future)
+        batch.count += 1
+        batch.size += size
+        if batch.size >= self.config["batch.size"]:
+            batch.closed = True
+            self._wakeup.set()
+        elif batch.count == 1:
+            self._wakeup.set()  # the sender arms the linger timer
+        return future
+
+    # -- the sender -------------------------------------------------------------------------
+
+    async def _run_sender(self) -> None:
+        while True:
+            self._wakeup.clear()
+            timeout_s = self._drain(asyncio.get_running_loop().time())
+            if self._wakeup.is_set():
+                continue
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout_s)
+            except TimeoutError:
+                pass
+
+    def _drain(self, now: float) -> float | None:
+        """Send what is ready; return seconds until something may become ready (None: idle)."""
+        linger_s = self.config["linger.ms"] / 1000
+        wait_s: float | None = None
+        metadata = self.cluster.metadata
+        by_leader: dict[int, list[TopicPartition]] = {}
+        for tp, queue in self._queues.items():
+            if not queue:
+                continue
+            head = queue[0]
+            if now >= head.deadline:
+                queue.popleft()
+                self._fail(head, KafkaError(f"{tp[0]}-{tp[1]}: batch expired after delivery.timeout.ms="
+                                            f"{self.config['delivery.timeout.ms']}",
+                                            ErrorCode.request_timed_out))  # fmt: skip
+                wait_s = 0.0
+                continue
+            ready_at = head.retry_at if head.attempts else (
+                now if head.closed or len(queue) > 1 or self._flushing or self._closing
+                else head.created + linger_s)  # fmt: skip
+            if ready_at > now:
+                wait_s = _earliest(wait_s, ready_at - now)
+                continue
+            leader = metadata.leader(tp)
+            if leader is None:
+                wait_s = _earliest(wait_s, self._maybe_refresh(now))
+                continue
+            by_leader.setdefault(leader, []).append(tp)
+        for leader, tps in by_leader.items():
+            connection = self.cluster._connections.get(leader)  # noqa: SLF001
+            if connection is None or connection.closed:
+                self._spawn_connect(leader)
+                continue
+            if self._in_flight[leader] >= self.config["max.in.flight.requests.per.connection"]:
+                continue  # a response frees a slot and wakes the sender
+            batches = []
+            for tp in tps:
+                batch = self._queues[tp].popleft()
+                batch.closed = True
+                batches.append(batch)
+            self._in_flight[leader] += 1
+            self._spawn(self._send_produce(leader, connection, batches))
+        if self.cluster.metadata_is_stale():
+            self.cluster.request_metadata_refresh()
+        return wait_s
+
+    def _maybe_refresh(self, now: float) -> float:
+        backoff_s = self.config["retry.backoff.ms"] / 1000
+        if now - self._last_refresh >= backoff_s:
+            self._last_refresh = now
+            self._spawn(self._refresh_and_wake())
+        return backoff_s
+
+    async def _refresh_and_wake(self) -> None:
+        try:
+            await self.cluster.refresh_metadata()
+        except KafkaError as e:
+            log.info("metadata refresh failed: %s", e)
+        self._wakeup.set()
+
+    def _spawn_connect(self, leader: int) -> None:
+        if leader in self._connecting:
+            return
+        self._connecting.add(leader)
+
+        async def connect():
+            try:
+                await self.cluster.connection(leader)
+            except KafkaError as e:
+                log.info("cannot reach leader %d: %s", leader, e)
+                self.cluster.request_metadata_refresh()
+                await asyncio.sleep(self.config["retry.backoff.ms"] / 1000)
+            finally:
+                self._connecting.discard(leader)
+                self._wakeup.set()
+
+        self._spawn(connect())
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_produce(self, leader: int, connection, batches: list[ProducerBatch]) -> None:
+        by_topic: dict[str, list[produce.ProducePartition]] = {}
+        for b in batches:
+            by_topic.setdefault(b.tp[0], []).append(produce.ProducePartition(b.tp[1], b.encoded()))
+        request = produce.ProduceRequest(None, self.acks, self.config["request.timeout.ms"],
+                                         list(by_topic.items()))  # fmt: skip
+        try:
+            self.requests_sent += 1
+            result = await connection.send(
+                ApiKey.PRODUCE, lambda v: produce.write_produce_request(request, v),
+                expect_response=self.acks != 0)  # fmt: skip
+            if result is None:
+                for b in batches:
+                    self._complete(b, -1)
+                return
+            frame, offset = result
+            responses = produce.read_produce_response(Reader(frame, offset),
+                                                      connection.version(ApiKey.PRODUCE))  # fmt: skip
+            self._handle_response(batches, responses)
+        except KafkaConnectionError as e:
+            self.cluster.connection_failed(connection)
+            for b in batches:
+                self._retry_or_fail(b, e)
+        except KafkaError as e:
+            for b in batches:
+                self._fail(b, e)
+        except Exception as e:  # a response that does not parse: fail loudly, keep sending
+            log.exception("produce response from broker %d", leader)
+            for b in batches:
+                self._fail(b, KafkaError(f"produce response from broker {leader}: {e!r}"))
+        finally:
+            self._in_flight[leader] -= 1
+            self._wakeup.set()
+
+    def _handle_response(self, batches: list[ProducerBatch], responses) -> None:
+        answers = {(topic, p.partition): p for topic, partitions in responses for p in partitions}
+        for b in batches:
+            answer = answers.get(b.tp)
+            if answer is None:
+                self._fail(b, KafkaError(f"{b.tp[0]}-{b.tp[1]}: the broker's response left it out"))
+            elif answer.error_code == 0:
+                self._complete(b, answer.base_offset)
+            else:
+                error = KafkaError.from_code(answer.error_code, f"produce to {b.tp[0]}-{b.tp[1]}",
+                                             answer.error_message)  # fmt: skip
+                if answer.error_code in METADATA_ERRORS:
+                    self.cluster.request_metadata_refresh()
+                if error.retriable:
+                    self._retry_or_fail(b, error)
+                else:
+                    self._fail(b, error)
+
+    def _retry_or_fail(self, batch: ProducerBatch, error: KafkaError) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._closing or batch.attempts >= self.config["retries"] or now >= batch.deadline:
+            self._fail(batch, error)
+            return
+        batch.attempts += 1
+        batch.retry_at = now + self.config["retry.backoff.ms"] / 1000
+        log.info("retrying %s-%d (attempt %d): %s", *batch.tp, batch.attempts, error)
+        queue = self._queues[batch.tp]
+        # Keep creation order among the batches put back: the earliest goes out first.
+        index = bisect.bisect_left([b.sequence for b in queue], batch.sequence)
+        queue.insert(index, batch)
+
+    def _complete(self, batch: ProducerBatch, base_offset: int) -> None:
+        partition = batch.tp[1]
+        for i, future in enumerate(batch.futures):
+            if not future.done():
+                future.set_result((partition, -1 if base_offset < 0 else base_offset + i))
+        self._finish(batch, (partition, base_offset), None)
+
+    def _fail(self, batch: ProducerBatch, error: KafkaError) -> None:
+        queue = self._queues.get(batch.tp)
+        if queue and batch in queue:
+            queue.remove(batch)
+        for future in batch.futures:
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # mark retrieved: fire-and-forget senders are not warned
+        self._finish(batch, None, error)
+
+    def _finish(self, batch: ProducerBatch, result, error) -> None:
+        if batch not in self._incomplete:
+            return
+        self._incomplete.discard(batch)
+        batch.closed = True
+        batch.futures = []
+        self._release(batch.size)
+        if not batch.done.done():
+            if error is None:
+                batch.done.set_result(result)
+            else:
+                batch.done.set_exception(error)
+                batch.done.exception()
+
+
+def _earliest(a: float | None, b: float) -> float:
+    return b if a is None else min(a, b)
+
+
+class Producer:
+    """Synchronous facade: an AsyncProducer on an event loop in a background thread.
+
+    `send` returns a concurrent.futures.Future of (partition, offset); `flush` and `close`
+    block. For throughput, use AsyncProducer (or send_batch) from asyncio code instead.
+    """
+
+    def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
+                 **settings):  # fmt: skip
+        self._thread = LoopThread("localcluster-producer")
+
+        async def make():
+            producer = AsyncProducer(config, bootstrap_servers=bootstrap_servers,
+                                     cluster_dir=cluster_dir, **settings)  # fmt: skip
+            return await producer.start()
+
+        try:
+            self._producer = self._thread.run(make())
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @property
+    def requests_sent(self) -> int:
+        return self._producer.requests_sent
+
+    def send(self, topic: str, value, key=None, partition: int | None = None,
+             headers: Iterable | Mapping = (), timestamp_ms: int | None = None) -> concurrent.futures.Future:  # fmt: skip
+        return self._thread.submit(self._producer.send_and_wait(
+            topic, value, key=key, partition=partition, headers=headers, timestamp_ms=timestamp_ms))  # fmt: skip
+
+    def send_batch(self, topic: str, partition: int, records) -> concurrent.futures.Future:
+        async def go():
+            return await (await self._producer.send_batch(topic, partition, records))
+
+        return self._thread.submit(go())
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self._thread.run(self._producer.flush(timeout_s))
+
+    def close(self, timeout_s: float | None = None) -> None:
+        try:
+            self._thread.run(self._producer.close(timeout_s))
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
