@@ -307,6 +307,8 @@ class BrokerConnection:
             self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
         except KafkaError as e:
             self._fail(e)
+        except ValueError as e:  # a response header that does not parse
+            self._fail(KafkaConnectionError(f"broker at {self.address} sent a bad response: {e}"))
         except asyncio.CancelledError:
             self._fail(KafkaConnectionError(f"connection to {self.address} closed"))
             raise
@@ -314,13 +316,14 @@ class BrokerConnection:
     def _dispatch(self, frame: bytes) -> None:
         if not self._pending:
             raise KafkaConnectionError(f"broker at {self.address} sent a response nobody asked for")
-        pending = self._pending.popleft()
+        pending = self._pending[0]  # popped only when it matches: _fail fails it otherwise
         reader = Reader(frame)
         correlation_id = reader.int32()
         if correlation_id != pending.correlation_id:
             raise KafkaConnectionError(
                 f"broker at {self.address} answered correlation id {correlation_id}, expected "
                 f"{pending.correlation_id} ({ApiKey(pending.api_key).name})")  # fmt: skip
+        self._pending.popleft()
         if pending.api_key != ApiKey.API_VERSIONS and is_flexible(pending.api_key, pending.version):
             reader.skip_tagged_fields()
         if not pending.future.done():
