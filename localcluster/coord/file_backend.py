@@ -72,9 +72,8 @@ class FileClient(CoordinationClient):
         self.store = FileStore(self.store_dir, fsync=self.fsync)
         with self.store.exclusive():
             self.store.recover()  # also sweeps tmp/ of files staged by writers that died
-            start_zxid = self.store.read_zxid()
+            self._feed = ChangeFeed(self.store, self.store.read_zxid(), from_end=True)
         self._session = file_session.Session(self.store, self.session_timeout_ms)
-        self._feed = ChangeFeed(self.store, start_zxid)
         self._watches = WatchTable()
         self._dispatch_mutex = threading.Lock()
         self._delivery_lock = threading.Lock()

@@ -30,13 +30,16 @@ _EVENT_OF = {
 
 
 class ChangeFeed:
-    """Tails the changelog from where this client started; survives rotation."""
+    """Tails the changelog from where this client started; survives rotation.
 
-    def __init__(self, store: FileStore, after_zxid: int):
+    Created under the store lock with from_end=True, it starts at the changelog's end, which
+    is then exactly after_zxid (no line of the past is parsed, however long the file)."""
+
+    def __init__(self, store: FileStore, after_zxid: int, from_end: bool = False):
         self.store = store
         self.last_zxid = after_zxid
         self._fd = os.open(store.path("changes"), os.O_RDONLY)
-        self._offset = 0
+        self._offset = os.fstat(self._fd).st_size if from_end else 0
         self.gap = False  # set when lines were lost to rotation: the caller must resync
 
     def close(self) -> None:

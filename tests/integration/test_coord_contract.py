@@ -484,3 +484,35 @@ def test_data_watch_and_children_watch_recipes(coord_backend):
     assert all(len(children) <= 2 for children in seen_children), (
         "returning False stops the ChildrenWatch"
     )
+
+
+def test_recipes_pass_the_event_when_asked(coord_backend):
+    client = coord_backend.connect()
+    writer = coord_backend.connect()
+    path = writer.create(coord_backend.path("reassign_partitions"), b"{}")
+    data_calls, children_calls = [], []
+
+    @DataWatch(client, path)
+    def on_data(data, stat, event):
+        data_calls.append((data, None if event is None else (event.type, event.path)))
+
+    ChildrenWatch(
+        client,
+        path,
+        lambda children, event: children_calls.append((children, event)),
+        send_event=True,
+    )
+    writer.set(path, b'{"partitions":[]}')
+    writer.create(path + "/child")
+    wait_until(
+        lambda: len(data_calls) == 2 and len(children_calls) == 2,
+        message="both recipes called twice",
+    )
+    assert data_calls == [(b"{}", None), (b'{"partitions":[]}', (EventType.CHANGED, path))]
+    assert children_calls[0] == ([], None)
+    assert children_calls[1][0] == ["child"] and children_calls[1][1].type == EventType.CHILD
+    writer.delete(path, recursive=True)
+    wait_until(
+        lambda: data_calls[-1][0] is None, message="DataWatch sees the delete as (None, None)"
+    )
+    assert data_calls[-1][1] == (EventType.DELETED, path)
