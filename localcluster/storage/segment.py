@@ -210,8 +210,8 @@ class LogSegment:
         self.index.close()
         for path in (self.path, self.index.offset_path, self.index.time_path):
             path.unlink(missing_ok=True)
-        self._release_map()
-        # The file object stays referenced by any FileSlice still in flight; it closes with them.
+        # The map and the file object stay referenced by any FileSlice still in flight (for
+        # view() as for sendfile); both go when the last reference to this segment does.
 
     def _map(self, length: int) -> None:
         self._release_map()
