@@ -240,7 +240,7 @@ def test_read_result_sendfile_matches_view(log):
         right.close()
 
 
-def test_slice_survives_segment_deletion_for_sendfile(tmp_path):
+def test_slice_survives_segment_deletion(tmp_path):
     config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
                        prefault_bytes=4096)  # fmt: skip
     log = Log.open(tmp_path, config)
@@ -250,6 +250,7 @@ def test_slice_survives_segment_deletion_for_sendfile(tmp_path):
     expected = piece.tobytes()
     assert log.delete_old_segments(now_ms=0) >= 1
     assert log.log_start_offset > 0
+    assert piece.tobytes() == expected  # the memoryview path too
     left, right = socket.socketpair()
     try:
         sent = os.sendfile(left.fileno(), piece.fd, piece.position, piece.length)
