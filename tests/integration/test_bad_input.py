@@ -18,7 +18,7 @@ import pytest
 from localcluster.protocol import fetch, messages, produce
 from localcluster.protocol.api import SUPPORTED, ApiKey, RequestHeader, is_flexible, write_request_header
 from localcluster.protocol.wire import Reader, Writer
-from localcluster.storage import Record, encode_batch, iter_records
+from localcluster.storage import Record, encode_batch, iter_batches, iter_records
 from localcluster.storage import record_batch as rb
 from tests.brokers import BrokerSet
 from tests.helpers import wait_until
@@ -120,6 +120,13 @@ class Raw:
         return int(p.error_code), int(p.offset)
 
 
+def records_of(partition) -> list:
+    """Every record of a fetched partition, across all its batches."""
+    data = b"".join(bytes(part) for part in partition.records)
+    return [r for position, header in iter_batches(data)
+            for r in iter_records(data[position : position + header.size])]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     cluster = tmp_path_factory.mktemp("cluster")
@@ -157,7 +164,7 @@ def assert_still_serving(broker) -> None:
         assert result.error_code == NONE, result
         fetched = raw.fetch(GOOD, 0, result.base_offset)
         assert fetched.error_code == NONE
-        records = list(iter_records(bytes(fetched.records[0])))
+        records = records_of(fetched)
         assert (records[0].offset, records[0].value) == (result.base_offset, value)
     finally:
         raw.close()
@@ -464,7 +471,7 @@ def test_fetch_past_the_end_is_offset_out_of_range(broker):
         assert at_end.error_code == NONE and at_end.records == [] and at_end.high_watermark == end
         # The last record is still served.
         last = raw.fetch(TOPIC, 0, end - 1)
-        records = [r for part in last.records for r in iter_records(bytes(part))]
+        records = records_of(last)
         assert records[-1].offset == end - 1 and records[-1].value == b"e2"
     finally:
         raw.close()
