@@ -5,7 +5,7 @@
 Opens the Log (recovering it if it was not closed cleanly, from the recovery point in
 <log_dir>/../recovery-point-offset-checkpoint), then loops forever: mostly appends a batch of
 random records, sometimes truncates the tail, sometimes flushes and checkpoints the recovery
-point. Every step is reported to <events_file> with one os.write of one line (O_APPEND, on
+point, sometimes applies retention. Every step is reported to <events_file> with one os.write of one line (O_APPEND, on
 tmpfs: the line survives SIGKILL the moment the call returns):
 
     S                                          about to open the log
@@ -14,6 +14,8 @@ tmpfs: the line survives SIGKILL the moment the call returns):
     A <first_offset> <last_offset> <checksum>  the append returned
     T <offset>                                 about to truncate_to(offset)
     t <log_end_offset>                         truncate_to returned
+    R                                          about to apply retention (retention.bytes)
+    r <log_start_offset>                       retention returned
 
 The checksum is batch_checksum() of the records, which the parent recomputes from the log.
 """
@@ -50,7 +52,8 @@ def batch_checksum(records) -> int:
 
 
 def config(segment_bytes: int) -> LogConfig:
-    return LogConfig(segment_bytes=segment_bytes, segment_index_bytes=8 * 16, prefault_bytes=4096)
+    return LogConfig(segment_bytes=segment_bytes, segment_index_bytes=8 * 16, prefault_bytes=4096,
+                     retention_bytes=8 * segment_bytes, retention_ms=-1)  # fmt: skip
 
 
 def checkpoint_path(log_dir: Path) -> Path:
@@ -82,7 +85,11 @@ def main() -> None:
             report(f"T {offset}")
             log.truncate_to(offset)
             report(f"t {log.log_end_offset}")
-        elif roll < 0.10:
+        elif roll < 0.06:
+            report("R")
+            log.delete_old_segments(now_ms=0)
+            report(f"r {log.log_start_offset}")
+        elif roll < 0.11:
             write_partition_offsets(checkpoint_path(log_dir), {PARTITION: log.flush()})
         else:
             sequence += 1

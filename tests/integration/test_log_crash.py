@@ -2,7 +2,8 @@
 
 After every kill the parent reopens the log (as a restarted broker would: recovery from the
 checkpointed recovery point) and checks that it holds exactly a prefix of what was appended
-(same records, same offsets), that every batch the child reported complete is there, that the
+(same records, same offsets; retention may only have removed whole old segments), that every
+batch the child reported complete is there, that the
 indexes agree with a plain scan of the data and the epoch cache with the batches' epochs; then
 it appends itself (appending continues after recovery) and closes the log, sometimes cleanly.
 The random seed is printed and named in any failure; rerun with LOG_CRASH_SEED=<seed>.
@@ -82,8 +83,9 @@ def replay(events: list[str], state: list[Batch]):
         if kind == "S":
             pending = None
         elif kind == "O":
-            end = state[-1].last + 1 if state else None
-            assert end is None or numbers[1] == end, ("child opened at", numbers, "expected", end)
+            if state:
+                expected = [state[0].first, state[-1].last + 1]
+                assert numbers == expected, ("child opened at", numbers, "expected", expected)
             pending = None
         elif kind == "W":
             pending = ("append", numbers[0], numbers[1])
@@ -93,6 +95,13 @@ def replay(events: list[str], state: list[Batch]):
             if state:
                 assert first == state[-1].last + 1, (line, state[-1])
             state = state + [Batch(first, last, checksum)]
+            pending = None
+        elif kind == "R":
+            pending = ("retention",)
+        elif kind == "r":
+            assert pending == ("retention",), (pending, line)
+            assert not state or state[0].first <= numbers[0] <= state[-1].first, (line, state[0])
+            state = [b for b in state if b.first >= numbers[0]]
             pending = None
         elif kind == "T":
             pending = ("truncate", numbers[0])
@@ -116,6 +125,9 @@ def check_recovered(log, state: list[Batch], pending, seed: int, cycle: int) -> 
         assert actual in torn_or_done, where
         if log.cuts:
             assert actual == state, f"a cut but the batch in flight survived {where}"
+    elif pending[0] == "retention":  # whole old segments gone from the front, or not yet
+        assert actual == state[len(state) - len(actual) :], where
+        assert not log.cuts, f"retention left something to cut {where}: {log.cuts}"
     else:  # a truncation in flight: any prefix between its target and the old log
         kept = [b for b in state if b.last < pending[1]]
         assert actual == state[: len(actual)] and len(actual) >= len(kept), where
@@ -125,6 +137,8 @@ def check_recovered(log, state: list[Batch], pending, seed: int, cycle: int) -> 
     check_indexes_agree(log)
     assert log.leader_epoch_cache.entries() == epochs_in(log), where
     assert log.log_end_offset == (actual[-1].last + 1 if actual else log.log_start_offset), where
+    if actual:
+        assert log.log_start_offset == actual[0].first, where
     return actual
 
 
@@ -142,7 +156,7 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
     started = time.monotonic()
     cycles = 0
     seen = {"append in flight": 0, "truncation in flight": 0, "between steps": 0, "cuts": 0,
-            "truncations done": 0, "in-flight batch kept": 0, "killed opening": 0}
+            "truncations done": 0, "retention runs": 0, "retention in flight": 0, "in-flight batch kept": 0, "killed opening": 0}
     try:
         for cycle in range(CYCLES):
             if cycle >= 8 and time.monotonic() - started > BUDGET_S:
@@ -176,8 +190,9 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
             lines = events.read_text().splitlines()
             committed, pending = replay(lines, state)
             seen["truncations done"] += sum(line.startswith("t ") for line in lines)
+            seen["retention runs"] += sum(line.startswith("r ") for line in lines)
             seen[{None: "between steps", "append": "append in flight",
-                  "truncate": "truncation in flight"}[pending and pending[0]]] += 1
+                  "truncate": "truncation in flight", "retention": "retention in flight"}[pending and pending[0]]] += 1
             point = read_partition_offsets(checkpoint_path(log_dir)).get(PARTITION, 0)
             log = Log.open(log_dir, config(SEGMENT_BYTES), recovery_point=point)
             try:
