@@ -28,6 +28,7 @@ import concurrent.futures
 import itertools
 import logging
 import random
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -171,6 +172,7 @@ class AsyncProducer:
         self._sticky: dict[str, tuple[int, ProducerBatch | None]] = {}
         self._buffered = 0
         self._room = asyncio.Condition()
+        self._intake = asyncio.Lock()  # held by a send that waits; keeps sends in order
         self._wakeup = asyncio.Event()
         self._flushing = 0
         self._closing = False
@@ -238,16 +240,33 @@ class AsyncProducer:
             raise KafkaError("send() on a closed producer")
         record = Record(_as_bytes(value), _as_bytes(key), _headers(headers),
                         int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms))  # fmt: skip
-        num_partitions = await self._partitions_of(topic)
-        if partition is None:
-            partition = self._choose_partition(topic, record.key, num_partitions)
-        elif not 0 <= partition < num_partitions:
-            raise KafkaError(f"partition {partition} of {topic!r} does not exist "
-                             f"(it has {num_partitions})", ErrorCode.unknown_topic_or_partition)  # fmt: skip
         size = RECORD_OVERHEAD + len(record.key or b"") + len(record.value or b"") + sum(
             len(k) + len(v or b"") + 4 for k, v in record.headers)  # fmt: skip
-        await self._reserve(size)
-        return self._append((topic, partition), record, size)
+        num_partitions = self._known_partitions(topic)
+        if (num_partitions and not self._intake.locked()
+                and self._buffered + size <= self.config["buffer.memory"]):  # fmt: skip
+            self._buffered += size  # the fast path: nothing to wait for
+            return self._append((topic, self._partition(topic, record, partition, num_partitions)),
+                                record, size)  # fmt: skip
+        # Waiting for metadata or room: later sends queue behind this one (asyncio.Lock is
+        # FIFO), so records keep their send order, as a blocked send() in Kafka's client.
+        async with self._intake:
+            num_partitions = await self._partitions_of(topic)
+            partition = self._partition(topic, record, partition, num_partitions)
+            await self._reserve(size)
+            return self._append((topic, partition), record, size)
+
+    def _partition(self, topic: str, record: Record, partition: int | None, num_partitions: int) -> int:
+        if partition is None:
+            return self._choose_partition(topic, record.key, num_partitions)
+        if not 0 <= partition < num_partitions:
+            raise KafkaError(f"partition {partition} of {topic!r} does not exist "
+                             f"(it has {num_partitions})", ErrorCode.unknown_topic_or_partition)  # fmt: skip
+        return partition
+
+    def _known_partitions(self, topic: str) -> int:
+        info = self.cluster.metadata.topics.get(topic)
+        return len(info.partitions) if info is not None and info.error_code == 0 else 0
 
     async def send_and_wait(self, topic: str, value, **kwargs) -> tuple[int, int]:
         return await (await self.send(topic, value, **kwargs))
@@ -261,17 +280,17 @@ class AsyncProducer:
             raise KafkaError("send_batch() on a closed producer")
         raw = records if isinstance(records, bytes | bytearray | memoryview) else encode_batch(records)
         header = validate_batch(raw, 0, check_crc=False)
-        await self._partitions_of(topic)
-        await self._reserve(len(raw))
+        async with self._intake:
+            self._partition(topic, Record(None), partition, await self._partitions_of(topic))
+            await self._reserve(len(raw))
         batch = self._new_batch((topic, partition))
         batch.raw, batch.count, batch.size, batch.closed = bytes(raw), header.records_count, len(raw), True
         self._wakeup.set()
         return batch.done
 
     async def _partitions_of(self, topic: str) -> int:
-        info = self.cluster.metadata.topics.get(topic)
-        if info is not None and info.partitions and info.error_code == 0:
-            return len(info.partitions)
+        if self._known_partitions(topic):
+            return self._known_partitions(topic)
         deadline = time.monotonic() + self.config["max.block.ms"] / 1000
         self.cluster.add_topics([topic])
         while True:
@@ -568,6 +587,8 @@ class Producer:
     def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
                  **settings):  # fmt: skip
         self._thread = LoopThread("localcluster-producer")
+        self._lock = threading.Lock()
+        self._outstanding: set[concurrent.futures.Future] = set()
 
         async def make():
             producer = AsyncProducer(config, bootstrap_servers=bootstrap_servers,
@@ -586,20 +607,54 @@ class Producer:
 
     def send(self, topic: str, value, key=None, partition: int | None = None,
              headers: Iterable | Mapping = (), timestamp_ms: int | None = None) -> concurrent.futures.Future:  # fmt: skip
-        return self._thread.submit(self._producer.send_and_wait(
-            topic, value, key=key, partition=partition, headers=headers, timestamp_ms=timestamp_ms))  # fmt: skip
+        return self._track(self._thread.submit(self._producer.send_and_wait(
+            topic, value, key=key, partition=partition, headers=headers, timestamp_ms=timestamp_ms)))  # fmt: skip
 
     def send_batch(self, topic: str, partition: int, records) -> concurrent.futures.Future:
         async def go():
             return await (await self._producer.send_batch(topic, partition, records))
 
-        return self._thread.submit(go())
+        return self._track(self._thread.submit(go()))
+
+    def _track(self, future: concurrent.futures.Future) -> concurrent.futures.Future:
+        with self._lock:
+            self._outstanding.add(future)
+        future.add_done_callback(self._untrack)
+        return future
+
+    def _untrack(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._outstanding.discard(future)
 
     def flush(self, timeout_s: float | None = None) -> None:
-        self._thread.run(self._producer.flush(timeout_s))
+        """Block until every record sent before this call is acknowledged or has failed."""
+        with self._lock:
+            outstanding = list(self._outstanding)
+        producer = self._producer
+
+        async def flush_all():
+            # Sends submitted before this coroutine have run their first step (the loop runs
+            # callbacks in order): each appended its record or queued on the FIFO intake lock.
+            # Taking the lock waits for the queued ones, so linger ends only for full batches.
+            async with producer._intake:  # noqa: SLF001
+                pass
+            producer._flushing += 1  # noqa: SLF001 (linger ends now, as AsyncProducer.flush)
+            producer._wakeup.set()  # noqa: SLF001
+            try:
+                await asyncio.gather(*(asyncio.wrap_future(f) for f in outstanding),
+                                     return_exceptions=True)  # fmt: skip
+                await producer.flush()
+            finally:
+                producer._flushing -= 1  # noqa: SLF001
+
+        self._thread.run(asyncio.wait_for(flush_all(), timeout_s))
 
     def close(self, timeout_s: float | None = None) -> None:
         try:
+            try:
+                self.flush(timeout_s)
+            except TimeoutError:
+                pass  # close() below fails what is left
             self._thread.run(self._producer.close(timeout_s))
         finally:
             self._thread.stop()
