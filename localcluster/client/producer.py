@@ -173,6 +173,7 @@ class AsyncProducer:
         self._buffered = 0
         self._room = asyncio.Condition()
         self._intake = asyncio.Lock()  # held by a send that waits; keeps sends in order
+        self._waiting_sends = 0  # sends queued on or holding _intake: no overtaking them
         self._wakeup = asyncio.Event()
         self._flushing = 0
         self._closing = False
@@ -243,18 +244,22 @@ class AsyncProducer:
         size = RECORD_OVERHEAD + len(record.key or b"") + len(record.value or b"") + sum(
             len(k) + len(v or b"") + 4 for k, v in record.headers)  # fmt: skip
         num_partitions = self._known_partitions(topic)
-        if (num_partitions and not self._intake.locked()
+        if (num_partitions and not self._waiting_sends
                 and self._buffered + size <= self.config["buffer.memory"]):  # fmt: skip
             self._buffered += size  # the fast path: nothing to wait for
             return self._append((topic, self._partition(topic, record, partition, num_partitions)),
                                 record, size)  # fmt: skip
         # Waiting for metadata or room: later sends queue behind this one (asyncio.Lock is
         # FIFO), so records keep their send order, as a blocked send() in Kafka's client.
-        async with self._intake:
-            num_partitions = await self._partitions_of(topic)
-            partition = self._partition(topic, record, partition, num_partitions)
-            await self._reserve(size)
-            return self._append((topic, partition), record, size)
+        self._waiting_sends += 1
+        try:
+            async with self._intake:
+                num_partitions = await self._partitions_of(topic)
+                partition = self._partition(topic, record, partition, num_partitions)
+                await self._reserve(size)
+                return self._append((topic, partition), record, size)
+        finally:
+            self._waiting_sends -= 1
 
     def _partition(self, topic: str, record: Record, partition: int | None, num_partitions: int) -> int:
         if partition is None:
@@ -280,10 +285,14 @@ class AsyncProducer:
             raise KafkaError("send_batch() on a closed producer")
         raw = records if isinstance(records, bytes | bytearray | memoryview) else encode_batch(records)
         header = validate_batch(raw, 0, check_crc=False)
-        async with self._intake:
-            self._partition(topic, Record(None), partition, await self._partitions_of(topic))
-            await self._reserve(len(raw))
-        batch = self._new_batch((topic, partition))
+        self._waiting_sends += 1
+        try:
+            async with self._intake:
+                self._partition(topic, Record(None), partition, await self._partitions_of(topic))
+                await self._reserve(len(raw))
+                batch = self._new_batch((topic, partition))
+        finally:
+            self._waiting_sends -= 1
         batch.raw, batch.count, batch.size, batch.closed = bytes(raw), header.records_count, len(raw), True
         self._wakeup.set()
         return batch.done
