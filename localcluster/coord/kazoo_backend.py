@@ -11,6 +11,7 @@ kazoo's single callback thread, in order, like the file backend's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 
 from kazoo import exceptions as kazoo_errors
@@ -25,6 +26,8 @@ from localcluster.coord.interface import (
     WatchedEvent,
     ZnodeStat,
 )
+
+log = logging.getLogger(__name__)
 
 # Kafka's zookeeper.session.timeout.ms before 2.5; ZooKeeper clamps it to [2, 20] x tickTime.
 DEFAULT_SESSION_TIMEOUT_MS = 6000
@@ -110,6 +113,12 @@ class KazooCoordinationClient(CoordinationClient):
             if wrapper is None:
 
                 def wrapper(event, watch=watch):
+                    if event.type == "NONE":
+                        # kazoo fires every pending watch with a NONE event when the session
+                        # closes or is lost. The file backend has no such event: both report
+                        # a lost session by SessionExpiredError on the next call instead.
+                        log.debug("dropping kazoo's session event %s for watch %r", event, watch)
+                        return None
                     return watch(WatchedEvent(EventType(event.type), event.state, event.path))
 
                 self._wrappers[watch] = wrapper
@@ -136,7 +145,8 @@ class KazooCoordinationClient(CoordinationClient):
     def delete(self, path, version=-1, recursive=False) -> bool:
         paths.validate_path(path)
         with _translated(path):
-            return self._kazoo.delete(path, version, recursive=recursive)
+            self._kazoo.delete(path, version, recursive=recursive)
+        return True  # kazoo answers None for a recursive delete; ours always says True
 
     def exists(self, path, watch=None):
         paths.validate_path(path)
