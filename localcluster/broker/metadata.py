@@ -356,9 +356,17 @@ class ClusterMetadata:
         found = self.partition_state(update.topic, update.partition)
         controller_epoch = found[0].controller_epoch if found else 0
         state = LeaderAndIsr(update.leader, update.leader_epoch, tuple(update.isr), controller_epoch)
+        notification = json.dumps({"version": 1, "partitions": [
+            {"topic": update.topic, "partition": update.partition}]}).encode()  # fmt: skip
+        tx = self.coord.transaction()
+        tx.set_data(path, state.encode(), version=update.zk_version)
+        tx.create(paths.isr_change_notification_prefix(), notification, sequence=True)
         try:
-            stat = self.coord.set(path, state.encode(), version=update.zk_version)
-        except (BadVersionError, NoNodeError):
+            results = tx.commit()
+        except Exception as e:
+            log.debug("ISR write for %s-%d failed: %s", update.topic, update.partition, e)
+            results = [e]
+        if any(isinstance(r, Exception) for r in results):
             found = self.partition_state(update.topic, update.partition)
             if found is None:
                 return False, None
@@ -366,7 +374,5 @@ class ClusterMetadata:
             if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
                 return False, version  # only the version moved (e.g. the controller's write)
             return False, None
-        self.coord.create(paths.isr_change_notification_prefix(), json.dumps(
-            {"version": 1, "partitions": [{"topic": update.topic, "partition": update.partition}]}
-        ).encode(), sequence=True)  # fmt: skip
+        stat = results[0]
         return True, stat.version

@@ -113,17 +113,19 @@ class ReplicaFetcher:
 
     async def _truncate(self, tp, followed: FollowedPartition) -> None:
         rm = self.manager.replica_manager
-        hosted = rm.partitions.get(tp)
-        if hosted is None:
-            self.partitions.pop(tp, None)
-            return
-        lg = hosted.log
-        epoch = first_epoch_to_ask(lg.leader_epoch_cache.latest_epoch)
-        if epoch is None:
-            decision = hw_truncation(hosted.state.high_watermark, lg.log_end_offset)
-        else:
-            for _ in range(MAX_TRUNCATION_ROUNDS):
+        epoch = first_epoch_to_ask(rm.partitions[tp].log.leader_epoch_cache.latest_epoch) if (
+            self._still_following(tp, followed)) else None  # fmt: skip
+        for _ in range(MAX_TRUNCATION_ROUNDS):
+            if not self._still_following(tp, followed):
+                return  # a LeaderAndIsr moved it while we waited for the leader
+            hosted = rm.partitions[tp]
+            lg = hosted.log
+            if epoch is None:
+                decision = hw_truncation(hosted.state.high_watermark, lg.log_end_offset)
+            else:
                 error, leader_epoch, end_offset = await self._ask_epoch_end(tp, followed.leader_epoch, epoch)
+                if not self._still_following(tp, followed):
+                    return
                 if error != ErrorCode.none:
                     log.info("%s-%d: leader %d answered OffsetForLeaderEpoch with %s; retrying",
                              *tp, self.leader_id, ErrorCode(error).name)  # fmt: skip
@@ -132,18 +134,21 @@ class ReplicaFetcher:
                 decision = leader_epoch_truncation(
                     leader_epoch, end_offset, lg.end_offset_for_epoch, lg.log_end_offset,
                     hosted.state.high_watermark)  # fmt: skip
-                if decision.offset < lg.log_end_offset:
-                    rm.truncate_follower(tp, decision.offset)
-                if decision.done:
-                    break
-                epoch = decision.next_epoch
-            else:
-                raise RuntimeError(f"{tp}: truncation did not settle in {MAX_TRUNCATION_ROUNDS} rounds")
-        if decision.offset < lg.log_end_offset:
-            rm.truncate_follower(tp, decision.offset)
+            if decision.offset < lg.log_end_offset:
+                rm.truncate_follower(tp, decision.offset)
+            if decision.done:
+                break
+            epoch = decision.next_epoch
+        else:
+            raise RuntimeError(f"{tp}: truncation did not settle in {MAX_TRUNCATION_ROUNDS} rounds")
         log.info("%s-%d: truncation against leader %d done, fetching from %d", *tp,
-                 self.leader_id, lg.log_end_offset)  # fmt: skip
+                 self.leader_id, rm.partitions[tp].log.log_end_offset)  # fmt: skip
         followed.truncating = False
+
+    def _still_following(self, tp, followed: FollowedPartition) -> bool:
+        hosted = self.manager.replica_manager.partitions.get(tp)
+        return (self.partitions.get(tp) is followed and hosted is not None
+                and not hosted.state.is_leader)  # fmt: skip
 
     async def _ask_epoch_end(self, tp, current_leader_epoch: int, epoch: int) -> tuple[int, int, int]:
         body = messages.encode_request(ApiKey.OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_VERSION, {
@@ -189,7 +194,7 @@ class ReplicaFetcher:
     async def _apply(self, tp, p) -> None:
         followed = self.partitions.get(tp)
         rm = self.manager.replica_manager
-        if followed is None or tp not in rm.partitions:
+        if followed is None or not self._still_following(tp, followed):
             return
         if p.error_code == ErrorCode.none:
             records = p.records[0] if p.records else b""
