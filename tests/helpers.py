@@ -57,11 +57,16 @@ def check_indexes_agree(log) -> None:
         assert index.count == len(scanned), (segment, index.count, len(scanned))
         for i, (position, header) in enumerate(scanned):
             assert index.entry(i) == (header.base_offset - segment.base_offset, position), (
-                segment, i, index.entry(i), position, header.base_offset)
+                segment,
+                i,
+                index.entry(i),
+                position,
+                header.base_offset,
+            )
             assert int(index.max_timestamps[i]) == header.max_timestamp, (segment, i)
         expected_next = scanned[-1][1].next_offset if scanned else segment.base_offset
         assert segment.next_offset == expected_next, (segment, expected_next)
     bases = [s.base_offset for s in log.segments]
     assert bases == sorted(bases) and len(set(bases)) == len(bases), bases
-    for earlier, later in zip(log.segments, log.segments[1:]):
+    for earlier, later in zip(log.segments, log.segments[1:], strict=False):
         assert earlier.next_offset <= later.base_offset, (earlier, later)

@@ -94,8 +94,11 @@ def main() -> None:
         else:
             sequence += 1
             records = [
-                Record(value=rng.randbytes(rng.randint(0, 600)), key=b"%d-%d" % (sequence, i),
-                       timestamp=1_000_000 + sequence)  # fmt: skip
+                Record(
+                    value=rng.randbytes(rng.randint(0, 600)),
+                    key=b"%d-%d" % (sequence, i),
+                    timestamp=1_000_000 + sequence,
+                )  # fmt: skip
                 for i in range(rng.randint(1, 5))
             ]
             checksum = batch_checksum(records)

@@ -95,7 +95,10 @@ def test_flip_mid_segment_keeps_the_valid_prefix(tmp_path, caplog, where):
         assert cut.bytes_cut == sum(len(d) for s, _, _, d in layout[victim:] if s == seg)
         messages = warnings(caplog)
         assert len(messages) == 1
-        assert f"recovery cut {cut.bytes_cut} bytes at position {position} of {path.name}" in messages[0]
+        assert (
+            f"recovery cut {cut.bytes_cut} bytes at position {position} of {path.name}"
+            in messages[0]
+        )
         assert f"{len(bases) - 2} later segment(s) removed" in messages[0]
         assert {"crc range": "CRC-32C mismatch", "crc field": "CRC-32C mismatch",
                 "magic": "magic"}[where] in cut.reason  # fmt: skip
@@ -122,7 +125,9 @@ def test_flip_in_the_last_batch_cuts_only_it(tmp_path, caplog):
         again = Log.open(tmp_path, CONFIG)
     try:
         assert contents(again) == [(s, d) for s, _, _, d in layout[:-1]]
-        assert [(c.position, c.bytes_cut) for c in again.cuts] == [(position, CONFIG.segment_bytes - position)]
+        assert [(c.position, c.bytes_cut) for c in again.cuts] == [
+            (position, CONFIG.segment_bytes - position)
+        ]
         assert "CRC-32C mismatch" in again.cuts[0].reason
         assert len(warnings(caplog)) == 1 and "0 later segment(s) removed" in warnings(caplog)[0]
         check_indexes_agree(again)
@@ -226,7 +231,12 @@ def test_index_files_without_their_segment_are_removed(tmp_path):
 
 @pytest.mark.parametrize(
     "content, line",
-    [(b"\x00\xff\xfe garbage \x81", 1), (b"7\n1\n0 0\n", 1), (b"0\n3\n0 0\n", 2), (b"0\n1\nzero 0\n", 3)],
+    [
+        (b"\x00\xff\xfe garbage \x81", 1),
+        (b"7\n1\n0 0\n", 1),
+        (b"0\n3\n0 0\n", 2),
+        (b"0\n1\nzero 0\n", 3),
+    ],
 )
 def test_garbage_leader_epoch_checkpoint_fails_the_open(tmp_path, content, line):
     build(tmp_path, batches=5)

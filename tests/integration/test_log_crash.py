@@ -155,8 +155,17 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
     child = None
     started = time.monotonic()
     cycles = 0
-    seen = {"append in flight": 0, "truncation in flight": 0, "between steps": 0, "cuts": 0,
-            "truncations done": 0, "retention runs": 0, "retention in flight": 0, "in-flight batch kept": 0, "killed opening": 0}
+    seen = {
+        "append in flight": 0,
+        "truncation in flight": 0,
+        "between steps": 0,
+        "cuts": 0,
+        "truncations done": 0,
+        "retention runs": 0,
+        "retention in flight": 0,
+        "in-flight batch kept": 0,
+        "killed opening": 0,
+    }
     try:
         for cycle in range(CYCLES):
             if cycle >= 8 and time.monotonic() - started > BUDGET_S:
@@ -175,7 +184,7 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
             mode = rng.choices(["S", "O", "A"], weights=[1, 1, 8])[0]
             target = rng.randint(1, 60) if mode == "A" else 1
 
-            def reached():
+            def reached(child=child, cycle=cycle, mode=mode, target=target):
                 if child.poll() is not None:
                     raise AssertionError(f"child exited {child.returncode} (seed {seed}, cycle "
                                          f"{cycle}): {stderr_path.read_text()[-3000:]}")  # fmt: skip
@@ -191,8 +200,14 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
             committed, pending = replay(lines, state)
             seen["truncations done"] += sum(line.startswith("t ") for line in lines)
             seen["retention runs"] += sum(line.startswith("r ") for line in lines)
-            seen[{None: "between steps", "append": "append in flight",
-                  "truncate": "truncation in flight", "retention": "retention in flight"}[pending and pending[0]]] += 1
+            seen[
+                {
+                    None: "between steps",
+                    "append": "append in flight",
+                    "truncate": "truncation in flight",
+                    "retention": "retention in flight",
+                }[pending and pending[0]]
+            ] += 1
             point = read_partition_offsets(checkpoint_path(log_dir)).get(PARTITION, 0)
             log = Log.open(log_dir, config(SEGMENT_BYTES), recovery_point=point)
             try:
@@ -212,8 +227,10 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
                 log.close()
             if rng.random() < 0.5:
                 (log_dir / CLEAN_SHUTDOWN).unlink()  # the child must then recover it too
-        print(f"{cycles} kills in {time.monotonic() - started:.1f} s; {seen}; "
-              f"{len(state)} batches, offsets up to {state[-1].last if state else None}")
+        print(
+            f"{cycles} kills in {time.monotonic() - started:.1f} s; {seen}; "
+            f"{len(state)} batches, offsets up to {state[-1].last if state else None}"
+        )
         assert cycles >= 8
         assert state, f"nothing was ever appended (seed {seed})"
     except BaseException as error:
@@ -279,10 +296,16 @@ def test_torn_batch_at_the_tail_is_cut_and_logged(tmp_path, caplog, part):
         assert batches_in(log) == expected
         assert len(log.cuts) == 1
         cut = log.cuts[0]
-        assert (cut.segment, cut.position, cut.bytes_cut) == (path.name, size, CONFIG.segment_bytes - size)
+        assert (cut.segment, cut.position, cut.bytes_cut) == (
+            path.name,
+            size,
+            CONFIG.segment_bytes - size,
+        )
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warnings) == 1
-        assert f"recovery cut {cut.bytes_cut} bytes at position {size} of {path.name}" in warnings[0]
+        assert (
+            f"recovery cut {cut.bytes_cut} bytes at position {size} of {path.name}" in warnings[0]
+        )
         assert cut.reason in warnings[0]
         check_indexes_agree(log)
         info = log.append(encode_batch([Record(b"after")]), leader_epoch=2)

@@ -128,7 +128,9 @@ def test_ascii_garbage(tmp_path):
         read_partition_offsets(path)
 
 
-@pytest.mark.parametrize("content, line", [("0\n1\n3\n", 3), ("0\n1\n3 x\n", 3), ("0\n2\n1 0\n2 1 1\n", 4)])
+@pytest.mark.parametrize(
+    "content, line", [("0\n1\n3\n", 3), ("0\n1\n3 x\n", 3), ("0\n2\n1 0\n2 1 1\n", 4)]
+)
 def test_corrupt_epoch_file(tmp_path, content, line):
     path = tmp_path / cp.LEADER_EPOCH_CHECKPOINT
     path.write_text(content)

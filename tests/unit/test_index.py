@@ -35,7 +35,11 @@ def build(tmp_path, base, entries, max_entries=64):
 
 
 @FAST
-@given(base=st.integers(0, 2**40), entries=entries_st, probes=st.lists(st.integers(-60, 2200), max_size=20))
+@given(
+    base=st.integers(0, 2**40),
+    entries=entries_st,
+    probes=st.lists(st.integers(-60, 2200), max_size=20),
+)
 def test_lookups_agree_with_linear_scan(tmp_path, base, entries, probes):
     index, table = build(tmp_path, base, entries)
     offsets = [o for o, _, _ in table]
@@ -53,7 +57,9 @@ def test_lookups_agree_with_linear_scan(tmp_path, base, entries, probes):
 def test_timestamp_lookup_agrees_with_linear_scan(tmp_path, entries, targets):
     index, table = build(tmp_path, 0, entries)
     for target in targets:
-        expected = min((i for i, (_, _, ts) in enumerate(table) if ts >= target), default=len(table))
+        expected = min(
+            (i for i, (_, _, ts) in enumerate(table) if ts >= target), default=len(table)
+        )
         assert index.first_batch_with_timestamp_at_least(target) == expected
     assert index.largest_timestamp() == (max(ts for *_, ts in table) if table else None)
 

@@ -179,5 +179,6 @@ def test_against_model(tmp_path, ops):
         log_end = max(starts, default=0) + 5
         for requested in range(-1, 14):
             assert cache.end_offset_for(requested, log_end) == model_end_offset_for(
-                model, requested, log_end)
+                model, requested, log_end
+            )
         assert LeaderEpochCache(path).entries() == model  # written through

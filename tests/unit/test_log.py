@@ -113,7 +113,9 @@ def test_rolls_at_segment_bytes_and_index_entries(tmp_path):
         log.append(batch(2, size=10), 0)
     # three index entries per segment: rolls at offsets 6 and 12
     assert [s.base_offset for s in log.segments] == [0, 6, 12]
-    assert [os.path.getsize(s.path) for s in log.segments[:-1]] == [s.size for s in log.segments[:-1]]
+    assert [os.path.getsize(s.path) for s in log.segments[:-1]] == [
+        s.size for s in log.segments[:-1]
+    ]
     log.close()
     small = Log.open(tmp_path / "b", SMALL)
     for _ in range(12):
@@ -157,7 +159,9 @@ def test_roll_of_an_empty_active_segment_changes_nothing(tmp_path):
 
 
 def test_follower_append_keeps_offsets_and_epochs(log):
-    info = log.append_as_follower(batch(2, epoch=3, base_offset=0) + batch(1, epoch=5, base_offset=2))
+    info = log.append_as_follower(
+        batch(2, epoch=3, base_offset=0) + batch(1, epoch=5, base_offset=2)
+    )
     assert (info.first_offset, info.last_offset) == (0, 2)
     assert log.leader_epoch_cache.entries() == [(3, 0), (5, 2)]
     # a gap is allowed (compacted leader); offsets below the log end are not
@@ -195,8 +199,12 @@ def test_read_starts_at_the_batch_holding_the_offset(log):
 def test_read_respects_max_offset_and_max_bytes(log):
     fill(log, [(3, 10), (3, 10), (3, 10)])
     one = len(scan_log(log)[0][3])
-    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, max_offset=7).tobytes())] == [0, 3]
-    assert [h.base_offset for _, h in iter_batches(log.read(0, 10_000, max_offset=6).tobytes())] == [0, 3]
+    assert [
+        h.base_offset for _, h in iter_batches(log.read(0, 10_000, max_offset=7).tobytes())
+    ] == [0, 3]
+    assert [
+        h.base_offset for _, h in iter_batches(log.read(0, 10_000, max_offset=6).tobytes())
+    ] == [0, 3]
     assert log.read(0, 10_000, max_offset=2).slices == ()  # the first batch holds the HW
     assert log.read(0, 10_000, max_offset=0).slices == ()
     assert log.read(0, 2 * one).size == 2 * one
@@ -208,7 +216,9 @@ def test_read_respects_max_offset_and_max_bytes(log):
 
 def test_read_out_of_range(log):
     fill(log, [(2, 10)])
-    with pytest.raises(OffsetOutOfRangeError, match=r"offset 3 is outside the log's range \[0, 2\]"):
+    with pytest.raises(
+        OffsetOutOfRangeError, match=r"offset 3 is outside the log's range \[0, 2\]"
+    ):
         log.read(3, 100)
     log.truncate_fully_and_start_at(50)
     with pytest.raises(OffsetOutOfRangeError):
@@ -284,7 +294,7 @@ def test_read_agrees_with_model(tmp_path_factory, sizes, data):
             # the model: batches from the one holding `fetch`, in its segment, wholly below upper
             start = next((i for i, b in enumerate(batches) if b[1] >= fetch), len(batches))
             expected, total = b"", 0
-            for base, last, raw, seg in batches[start:]:
+            for _base, last, raw, seg in batches[start:]:
                 if seg != batches[start][3] or last >= upper:
                     break
                 if total + len(raw) > max_bytes and not (one and total == 0):
@@ -504,7 +514,9 @@ def test_unclean_reopen_recovers_from_the_recovery_point(tmp_path, monkeypatch):
     before = values(log)
     recovered = []
     real = LogSegment.recover
-    monkeypatch.setattr(LogSegment, "recover", lambda self: recovered.append(self.base_offset) or real(self))
+    monkeypatch.setattr(
+        LogSegment, "recover", lambda self: recovered.append(self.base_offset) or real(self)
+    )
     # no close: the first Log is abandoned, as after kill -9 (its writes are in the page cache)
     again = Log.open(tmp_path, SMALL, recovery_point=point)
     holding = max(s.base_offset for s in again.segments if s.base_offset <= point)

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from localcluster.storage import (
-    BatchSpec,
     CorruptRecordError,
     Log,
     LogConfig,
@@ -105,7 +104,9 @@ class LogMachine(RuleBasedStateMachine):
 
     def model_place(self, batch: MBatch) -> None:
         active = self.segments[-1]
-        fits = active.size + batch.size <= CONFIG.segment_bytes and len(active.batches) < MAX_ENTRIES
+        fits = (
+            active.size + batch.size <= CONFIG.segment_bytes and len(active.batches) < MAX_ENTRIES
+        )
         if not fits and active.batches:
             self.segments.append(MSegment(batch.base))
         self.segments[-1].batches.append(batch)
@@ -199,7 +200,9 @@ class LogMachine(RuleBasedStateMachine):
     def truncate_to(self, back):
         offset = max(self.leo - back, 0)
         self.log.truncate_to(offset)
-        event("truncate_to inside the log" if self.lso <= offset < self.leo else "truncate_to outside")
+        event(
+            "truncate_to inside the log" if self.lso <= offset < self.leo else "truncate_to outside"
+        )
         if offset >= self.leo:
             return
         if offset < self.lso:

@@ -63,11 +63,14 @@ def test_round_trip(records, spec):
     assert header.partition_leader_epoch == spec.partition_leader_epoch
     assert header.records_count == len(records) == header.last_offset_delta + 1
     assert (header.producer_id, header.producer_epoch, header.base_sequence) == (
-        spec.producer_id, spec.producer_epoch, spec.base_sequence)
+        spec.producer_id,
+        spec.producer_epoch,
+        spec.base_sequence,
+    )
     decoded = list(iter_records(data))
     stamps = expected_timestamps(records, spec)
     assert len(decoded) == len(records)
-    for i, (got, sent) in enumerate(zip(decoded, records)):
+    for i, (got, sent) in enumerate(zip(decoded, records, strict=True)):
         assert got.key == sent.key
         assert got.value == sent.value
         assert got.headers == sent.headers
@@ -80,7 +83,9 @@ def test_round_trip(records, spec):
 def test_max_timestamp_is_the_largest_record_timestamp(records, spec):
     """maxTimestamp is what the time index and offset_for_timestamp rely on."""
     header = validate_batch(encode_batch(records, spec))
-    assert header.max_timestamp == max(r.timestamp for r in iter_records(encode_batch(records, spec)))
+    assert header.max_timestamp == max(
+        r.timestamp for r in iter_records(encode_batch(records, spec))
+    )
 
 
 def test_max_timestamp_with_explicit_base_timestamp_above_the_records():
@@ -125,7 +130,8 @@ def test_rewriting_base_offset_and_epoch_keeps_the_crc(records, spec, base_offse
     assert header.base_offset == base_offset
     assert header.partition_leader_epoch == epoch
     assert [r.offset for r in iter_records(bytes(batch))] == [
-        base_offset + i for i in range(len(records))]
+        base_offset + i for i in range(len(records))
+    ]
 
 
 def test_rewrite_at_a_position_inside_a_larger_buffer():
@@ -136,7 +142,9 @@ def test_rewrite_at_a_position_inside_a_larger_buffer():
     rb.set_partition_leader_epoch(buf, len(first), 3)
     got = list(iter_batches(bytes(buf)))
     assert [(p, h.base_offset, h.partition_leader_epoch) for p, h in got] == [
-        (0, 0, -1), (len(first), 7, 3)]
+        (0, 0, -1),
+        (len(first), 7, 3),
+    ]
 
 
 # -- header checks, each with its own message ---------------------------------------------------
