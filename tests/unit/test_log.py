@@ -548,3 +548,28 @@ def test_config_bounds():
     with pytest.raises(ValueError, match="log.index.size.max.bytes"):
         LogConfig(segment_index_bytes=4)
     assert LogConfig(segment_index_bytes=80).max_index_entries == 10
+
+
+def test_offsets_beyond_int32_relative_range_roll_a_new_segment(tmp_path):
+    log = Log.open(tmp_path, LogConfig(segment_bytes=1 << 16, prefault_bytes=4096))
+    try:
+        log.append_as_follower(batch(2, base_offset=0))
+        far = 2**31 + 5  # relative to segment 0 this no longer fits the index's int32
+        log.append_as_follower(batch(3, base_offset=far))
+        assert [s.base_offset for s in log.segments] == [0, far]
+        assert log.log_end_offset == far + 3
+        assert [h.base_offset for _, h in iter_batches(log.read(far + 1, 10_000).tobytes())] == [
+            far
+        ]
+        assert [h.base_offset for _, h in iter_batches(log.read(1, 10_000).tobytes())] == [0]
+        check_indexes_agree(log)
+        log.close()
+        log = Log.open(tmp_path, LogConfig(segment_bytes=1 << 16, prefault_bytes=4096))
+        assert [s.base_offset for s in log.segments] == [0, far] and log.cuts == []
+        check_indexes_agree(log)
+        log.truncate_fully_and_start_at(2**40)
+        assert log.append(batch(), 0).first_offset == 2**40
+        assert log.read(2**40, 1000).tobytes()[:8] == (2**40).to_bytes(8, "big")
+        assert log.offset_for_timestamp(0) == (2**40, 1000)
+    finally:
+        log.close()
