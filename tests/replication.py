@@ -14,11 +14,12 @@ import mmap
 from pathlib import Path
 
 from localcluster import coord
-from localcluster.broker.inter_broker import BrokerConnection
+from localcluster.client.connection import Address, BrokerConnection
 from localcluster.coord import NoNodeError, paths
 from localcluster.coord.znode_data import LeaderAndIsr, TopicAssignment
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
+from localcluster.protocol.wire import Reader
 from localcluster.storage import record_batch as rb
 
 
@@ -72,9 +73,11 @@ class TestController:
         return cr.read_partition_errors(reader)
 
     async def _send(self, broker_id: int, api_key: int, body: bytes):
-        connection = BrokerConnection(str(self.brokers[broker_id].socket_path), "test-controller")
+        connection = await BrokerConnection.open(Address(unix_socket=str(self.brokers[broker_id].socket_path)),
+                                                 client_id="test-controller")  # fmt: skip
         try:
-            return await connection.request(api_key, 0, body, timeout_s=20)
+            frame, offset = await connection.send(api_key, lambda v: body, version=0, timeout_ms=20_000)
+            return Reader(frame, offset)
         finally:
             connection.close()
 

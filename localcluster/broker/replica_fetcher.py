@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from localcluster.broker.inter_broker import BrokerConnection
+from localcluster.client.connection import Address, BrokerConnection, KafkaConnectionError
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
+from localcluster.protocol.wire import Reader
 from localcluster.protocol.fetch import (
     FetchPartition,
     FetchRequest,
@@ -70,7 +71,7 @@ class ReplicaFetcher:
                 backoff = BACKOFF_S
             except asyncio.CancelledError:
                 raise
-            except (ConnectionError, OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            except (KafkaConnectionError, ConnectionError, OSError, TimeoutError) as e:
                 log.info("fetcher for leader %d: %s; retrying in %.2f s", self.leader_id,
                          e or type(e).__name__, backoff)  # fmt: skip
                 self._drop_connection()
@@ -90,13 +91,14 @@ class ReplicaFetcher:
             pass
 
     async def _ensure_connection(self) -> None:
-        if self.connection is not None and self.connection.connected:
+        if self.connection is not None and not self.connection.closed:
             return
         path = await self.manager.resolve_socket(self.leader_id)
         if path is None:
             raise ConnectionError(f"broker {self.leader_id} is not registered")
-        self.connection = BrokerConnection(path, f"replica-fetcher-{self.manager.broker_id}")
-        await self.connection.connect()
+        self.connection = await BrokerConnection.open(
+            Address(unix_socket=path), client_id=f"replica-fetcher-{self.manager.broker_id}",
+            max_in_flight=1)  # fmt: skip
 
     def _drop_connection(self) -> None:
         if self.connection is not None:
@@ -157,10 +159,10 @@ class ReplicaFetcher:
                 "partition": tp[1], "current_leader_epoch": current_leader_epoch,
                 "leader_epoch": epoch}]}],
         })  # fmt: skip
-        reader = await self.connection.request(ApiKey.OFFSET_FOR_LEADER_EPOCH,
-                                               OFFSET_FOR_LEADER_EPOCH_VERSION, body)  # fmt: skip
+        frame, offset = await self.connection.send(ApiKey.OFFSET_FOR_LEADER_EPOCH, lambda v: body,
+                                                   version=OFFSET_FOR_LEADER_EPOCH_VERSION)  # fmt: skip
         response = messages.decode_response(ApiKey.OFFSET_FOR_LEADER_EPOCH,
-                                            OFFSET_FOR_LEADER_EPOCH_VERSION, reader.buf, reader.pos)  # fmt: skip
+                                            OFFSET_FOR_LEADER_EPOCH_VERSION, frame, offset)  # fmt: skip
         p = response.topics[0].partitions[0]
         return int(p.error_code), int(p.leader_epoch), int(p.end_offset)
 
@@ -182,10 +184,11 @@ class ReplicaFetcher:
             return False
         request = FetchRequest(self.manager.broker_id, self.manager.fetch_wait_max_ms, 1,
                                FETCH_MAX_BYTES, 0, list(by_topic.items()))  # fmt: skip
-        timeout = self.manager.fetch_wait_max_ms / 1000 + 30
-        reader = await self.connection.request(ApiKey.FETCH, FETCH_VERSION,
-                                               write_fetch_request(request, FETCH_VERSION), timeout)  # fmt: skip
-        _, responses = read_fetch_response(reader, FETCH_VERSION)
+        body = write_fetch_request(request, FETCH_VERSION)
+        frame, offset = await self.connection.send(
+            ApiKey.FETCH, lambda v: body, version=FETCH_VERSION,
+            timeout_ms=self.manager.fetch_wait_max_ms + 30_000)  # fmt: skip
+        _, responses = read_fetch_response(Reader(frame, offset), FETCH_VERSION)
         for topic, partitions in responses:
             for p in partitions:
                 await self._apply((topic, p.partition), p)
@@ -230,9 +233,9 @@ class ReplicaFetcher:
             "topics": [{"name": tp[0], "partitions": [{"partition_index": tp[1],
                                                         "timestamp": timestamp}]}],
         })  # fmt: skip
-        reader = await self.connection.request(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, body)
-        response = messages.decode_response(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION,
-                                            reader.buf, reader.pos)  # fmt: skip
+        frame, offset = await self.connection.send(ApiKey.LIST_OFFSETS, lambda v: body,
+                                                   version=LIST_OFFSETS_VERSION)  # fmt: skip
+        response = messages.decode_response(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, frame, offset)
         p = response.topics[0].partitions[0]
         if p.error_code != ErrorCode.none:
             raise ConnectionError(f"leader {self.leader_id} answered ListOffsets with "
