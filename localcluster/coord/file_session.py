@@ -43,13 +43,13 @@ class Session:
             staging = self.path + STAGING_SUFFIX
             # Opened for writing so the owner's death closes a written file (IN_CLOSE_WRITE).
             self._fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            info = {"session_id": self.session_id, "pid": os.getpid(), "timeout_ms": timeout_ms}
-            os.write(self._fd, json.dumps(info).encode())
             try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                info = {"session_id": self.session_id, "pid": os.getpid(), "timeout_ms": timeout_ms}
+                os.write(self._fd, json.dumps(info).encode())
                 os.rename(staging, self.path)
                 break
-            except FileNotFoundError:
+            except (BlockingIOError, FileNotFoundError):  # swept as abandoned: take a new id
                 os.close(self._fd)
         else:
             raise OSError(f"could not create a session file in {store.path('sessions')}")
@@ -112,6 +112,9 @@ def find_dead_sessions(store: FileStore, own_session_id: int) -> list[tuple[int,
     return found
 
 
+STAGING_ABANDONED_S = 10.0  # a creator takes microseconds to lock and rename its file
+
+
 def _sweep_abandoned_staging(path: str) -> None:
     """A staging file nobody holds: its creator died before renaming it into place."""
     try:
@@ -119,6 +122,8 @@ def _sweep_abandoned_staging(path: str) -> None:
     except FileNotFoundError:
         return
     try:
+        if time.time() - os.fstat(fd).st_mtime < STAGING_ABANDONED_S:
+            return  # young: its creator may not have locked it yet
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
