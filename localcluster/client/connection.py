@@ -149,6 +149,13 @@ class Address:
         return f"unix:{self.unix_socket}" if self.unix_socket else f"{self.host}:{self.port}"
 
 
+def _api_name(api_key: int) -> str:
+    try:
+        return ApiKey(api_key).name
+    except ValueError:
+        return f"API key {api_key}"
+
+
 # -- the connection -----------------------------------------------------------------------------
 
 
@@ -213,10 +220,12 @@ class BrokerConnection:
         return not self.closed and self._slots._value > 0  # noqa: SLF001 (no public peek)
 
     def version(self, api_key: int) -> int:
+        """The negotiated version (KafkaError when there is none: pass version= to send)."""
         if api_key not in self.versions:
-            raise KafkaError(f"broker at {self.address} does not support {ApiKey(api_key).name} in "
-                             f"versions we speak ({SUPPORTED[api_key].min}-{SUPPORTED[api_key].max})",
-                             ErrorCode.unsupported_version)  # fmt: skip
+            mine = SUPPORTED.get(api_key)
+            ours = f"{mine.min}-{mine.max}" if mine else "none"
+            raise KafkaError(f"broker at {self.address} does not support {_api_name(api_key)} in "
+                             f"versions we speak ({ours})", ErrorCode.unsupported_version)  # fmt: skip
         return self.versions[api_key]
 
     async def _negotiate_versions(self) -> None:
@@ -275,7 +284,7 @@ class BrokerConnection:
                 return await asyncio.wait_for(asyncio.shield(future), timeout_s)
             except TimeoutError:
                 self._fail(RequestTimedOutError(
-                    f"{ApiKey(api_key).name} to broker at {self.address} unanswered after "
+                    f"{_api_name(api_key)} to broker at {self.address} unanswered after "
                     f"{timeout_s * 1000:.0f} ms; connection closed"))  # fmt: skip
                 raise self._closed from None
         finally:
@@ -322,7 +331,7 @@ class BrokerConnection:
         if correlation_id != pending.correlation_id:
             raise KafkaConnectionError(
                 f"broker at {self.address} answered correlation id {correlation_id}, expected "
-                f"{pending.correlation_id} ({ApiKey(pending.api_key).name})")  # fmt: skip
+                f"{pending.correlation_id} ({_api_name(pending.api_key)})")  # fmt: skip
         self._pending.popleft()
         if pending.api_key != ApiKey.API_VERSIONS and is_flexible(pending.api_key, pending.version):
             reader.skip_tagged_fields()

@@ -65,7 +65,7 @@ def stored_batches(socket_path, topic: str, partition: int = 0):
             while True:
                 req = fetch.FetchRequest(-1, 0, 1, 1 << 24, 0,
                                          [(topic, [fetch.FetchPartition(partition, offset, 1 << 24)])])
-                frame, pos = await c.send(ApiKey.FETCH, lambda v: fetch.write_fetch_request(req, v))
+                frame, pos = await c.send(ApiKey.FETCH, lambda v, req=req: fetch.write_fetch_request(req, v))
                 _, responses = fetch.read_fetch_response(Reader(frame, pos), c.version(ApiKey.FETCH))
                 p = responses[0][1][0]
                 assert p.error_code == 0, p.error_code

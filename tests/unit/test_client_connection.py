@@ -48,7 +48,8 @@ def test_errors_from_codes():
 
 
 class FakeBroker:
-    """Answers ApiVersions with `versions`; everything else is up to `on_request`."""
+    """Answers ApiVersions with `versions`; everything else goes to on_request(broker,
+    writer, header, body reader)."""
 
     def __init__(self, versions: dict[int, tuple[int, int]], on_request=None):
         self.versions = versions
@@ -60,6 +61,10 @@ class FakeBroker:
         path = str(tmp_path / "fake.sock")
         self.server = await asyncio.start_unix_server(self._connection, path)
         return Address(unix_socket=path)
+
+    async def serve_tcp(self) -> Address:
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        return Address("127.0.0.1", self.server.sockets[0].getsockname()[1])
 
     async def _connection(self, reader, writer):
         self.writers.append(writer)
@@ -77,7 +82,7 @@ class FakeBroker:
                                                     {"error_code": 0, "api_keys": keys})  # fmt: skip
                     self.send(writer, header, body)
                 elif self.on_request is not None:
-                    await self.on_request(self, writer, header)
+                    await self.on_request(self, writer, header, r)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
 
@@ -125,7 +130,7 @@ def test_negotiates_the_highest_common_version(tmp_path):
 def test_pipelined_requests_are_matched_in_order_and_bounded(tmp_path):
     held: list = []
 
-    async def on_request(broker, writer, header):
+    async def on_request(broker, writer, header, body):
         held.append(header)
         if len(held) == 3:  # answer only once three are outstanding: proves pipelining
             for h in held:
@@ -151,7 +156,7 @@ def test_pipelined_requests_are_matched_in_order_and_bounded(tmp_path):
 
 
 def test_a_wrong_correlation_id_closes_the_connection(tmp_path):
-    async def on_request(broker, writer, header):
+    async def on_request(broker, writer, header, body):
         broker.send(writer, header, metadata_body(header.api_version), correlation_id=999)
 
     async def main():
@@ -172,7 +177,7 @@ def test_a_wrong_correlation_id_closes_the_connection(tmp_path):
 
 
 def test_broker_gone_fails_every_outstanding_request(tmp_path):
-    async def on_request(broker, writer, header):
+    async def on_request(broker, writer, header, body):
         if header.correlation_id >= 4:  # ApiVersions was 1; hold 2 and 3, then hang up
             writer.close()
 
@@ -191,7 +196,7 @@ def test_broker_gone_fails_every_outstanding_request(tmp_path):
 
 
 def test_request_timeout_closes_the_connection(tmp_path):
-    async def on_request(broker, writer, header):
+    async def on_request(broker, writer, header, body):
         pass  # never answers
 
     async def main():

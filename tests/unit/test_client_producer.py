@@ -1,12 +1,22 @@
-"""The producer's pure parts: Kafka's murmur2 and the key partitioner."""
+"""The producer: Kafka's murmur2 and key partitioner; the sender against a fake broker
+(retries, metadata refresh after NOT_LEADER_OR_FOLLOWER, exhausted retries, acks=0)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
+from kio.schema.errors import ErrorCode
 
+from localcluster.client import AsyncProducer, KafkaError
 from localcluster.client.producer import murmur2, partition_for_key
+from localcluster.protocol import messages, produce
+from localcluster.protocol.api import SUPPORTED, ApiKey
+from localcluster.storage.record_batch import iter_batches, iter_records
+from tests.unit.test_client_connection import FakeBroker
 
 # Kafka's own UtilsTest.testMurmur2 vectors.
 KAFKA_VECTORS = {
@@ -34,3 +44,112 @@ def test_partition_for_key_is_in_range_and_positive(key, n):
     p = partition_for_key(key, n)
     assert 0 <= p < n
     assert p == (murmur2(key) & 0x7FFFFFFF) % n
+
+
+# -- the sender against a fake broker -----------------------------------------------------------
+
+
+class FakeLeader:
+    """Broker 1 leading topic t (partitions 0 and 1); produce answers pop `errors` first."""
+
+    def __init__(self, errors: list[int]):
+        self.errors = list(errors)
+        self.metadata_requests = 0
+        self.produce_requests: list[list[tuple[int, int]]] = []  # [(partition, records)]
+        self.log: dict[int, list[bytes]] = {0: [], 1: []}
+        versions = {k: (r.min, r.max) for k, r in SUPPORTED.items()}
+        self.broker = FakeBroker(versions, self.on_request)
+
+    async def start(self) -> str:
+        address = await self.broker.serve_tcp()
+        self.port = address.port
+        return str(address)
+
+    async def on_request(self, broker, writer, header, body):
+        if header.api_key == ApiKey.METADATA:
+            self.metadata_requests += 1
+            partitions = [{"partition_index": p, "leader_id": 1, "replica_nodes": [1], "isr_nodes": [1]}
+                          for p in (0, 1)]  # fmt: skip
+            data = {"brokers": [{"node_id": 1, "host": "127.0.0.1", "port": self.port}],
+                    "controller_id": 1,
+                    "topics": [{"name": "t", "error_code": 0, "partitions": partitions}]}  # fmt: skip
+            broker.send(writer, header, messages.encode_response(ApiKey.METADATA, header.api_version, data))
+        elif header.api_key == ApiKey.PRODUCE:
+            request = produce.read_produce_request(body, header.api_version)
+            results, seen = [], []
+            for topic, partitions in request.topics:
+                out = []
+                for p in partitions:
+                    count = sum(h.records_count for _, h in iter_batches(bytes(p.records)))
+                    seen.append((p.partition, count))
+                    error = self.errors.pop(0) if self.errors else 0
+                    if error:
+                        out.append(produce.ProducePartitionResponse(p.partition, error))
+                        continue
+                    base = len(self.log[p.partition])
+                    self.log[p.partition] += [r.value for r in iter_records(bytes(p.records))]
+                    out.append(produce.ProducePartitionResponse(p.partition, 0, base))
+                results.append((topic, out))
+            self.produce_requests.append(seen)
+            if request.acks != 0:
+                broker.send(writer, header, produce.write_produce_response(results, header.api_version))
+
+
+def run_with_fake(errors, body, **settings):
+    async def main():
+        fake = FakeLeader(errors)
+        bootstrap = await fake.start()
+        producer = AsyncProducer(bootstrap_servers=bootstrap, retry_backoff_ms=1, **settings)
+        await producer.start()
+        try:
+            return fake, await asyncio.wait_for(body(producer), 20)
+        finally:
+            await producer.close()
+            await fake.broker.close()
+
+    return asyncio.run(main())
+
+
+def test_not_leader_refreshes_metadata_and_retries():
+    async def body(producer):
+        futures = [await producer.send("t", f"v{i}".encode(), partition=0) for i in range(3)]
+        return [await f for f in futures]
+
+    errors = [ErrorCode.not_leader_or_follower, ErrorCode.not_enough_replicas]
+    fake, results = run_with_fake(errors, body, linger_ms=50)
+    assert results == [(0, 0), (0, 1), (0, 2)]
+    assert fake.log[0] == [b"v0", b"v1", b"v2"]  # the same batch, sent three times
+    assert fake.produce_requests == [[(0, 3)]] * 3
+    assert fake.metadata_requests >= 2  # bootstrap, topic lookup, then after NOT_LEADER
+
+
+def test_retries_exhausted_fail_the_records_with_the_brokers_error():
+    async def body(producer):
+        future = await producer.send("t", b"v", partition=1)
+        with pytest.raises(KafkaError, match="NOT_ENOUGH_REPLICAS") as error:
+            await future
+        return error.value
+
+    fake, error = run_with_fake([ErrorCode.not_enough_replicas] * 10, body, retries=2, linger_ms=0)
+    assert error.retriable and error.code == ErrorCode.not_enough_replicas
+    assert len(fake.produce_requests) == 3  # the first attempt and two retries
+
+
+def test_a_non_retriable_error_fails_at_once():
+    async def body(producer):
+        future = await producer.send("t", b"v", partition=0)
+        with pytest.raises(KafkaError, match="MESSAGE_TOO_LARGE"):
+            await future
+
+    fake, _ = run_with_fake([ErrorCode.message_too_large], body, linger_ms=0)
+    assert len(fake.produce_requests) == 1
+
+
+def test_acks_0_expects_no_response_and_partitions_by_key():
+    async def body(producer):
+        futures = [await producer.send("t", b"v", key=f"k{i}".encode()) for i in range(20)]
+        return [await f for f in futures]
+
+    fake, results = run_with_fake([], body, acks=0, linger_ms=0)
+    assert [p for p, _ in results] == [partition_for_key(f"k{i}".encode(), 2) for i in range(20)]
+    assert {o for _, o in results} == {-1}
