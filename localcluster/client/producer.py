@@ -119,7 +119,8 @@ class ProducerBatch:
     deadline: float  # delivery.timeout.ms after creation
     records: list[Record] = field(default_factory=list)
     futures: list[asyncio.Future] = field(default_factory=list)
-    size: int = HEADER_SIZE
+    size: int = HEADER_SIZE  # estimated encoded bytes, for batch.size
+    reserved: int = 0  # bytes of buffer.memory held until the batch completes
     raw: bytes | None = None  # the encoded batch, fixed at first drain (retries resend it)
     count: int = 0
     closed: bool = False  # takes no more records (full, drained, or prebuilt)
@@ -246,9 +247,9 @@ class AsyncProducer:
         num_partitions = self._known_partitions(topic)
         if (num_partitions and not self._waiting_sends
                 and self._buffered + size <= self.config["buffer.memory"]):  # fmt: skip
+            tp = (topic, self._partition(topic, record, partition, num_partitions))
             self._buffered += size  # the fast path: nothing to wait for
-            return self._append((topic, self._partition(topic, record, partition, num_partitions)),
-                                record, size)  # fmt: skip
+            return self._append(tp, record, size)
         # Waiting for metadata or room: later sends queue behind this one (asyncio.Lock is
         # FIFO), so records keep their send order, as a blocked send() in Kafka's client.
         self._waiting_sends += 1
@@ -293,7 +294,8 @@ class AsyncProducer:
                 batch = self._new_batch((topic, partition))
         finally:
             self._waiting_sends -= 1
-        batch.raw, batch.count, batch.size, batch.closed = bytes(raw), header.records_count, len(raw), True
+        batch.raw, batch.count, batch.closed = bytes(raw), header.records_count, True
+        batch.size = batch.reserved = len(raw)
         self._wakeup.set()
         return batch.done
 
@@ -381,6 +383,7 @@ class AsyncProducer:
         batch.futures.append(future)
         batch.count += 1
         batch.size += size
+        batch.reserved += size
         if batch.size >= self.config["batch.size"]:
             batch.closed = True
             self._wakeup.set()
@@ -573,7 +576,7 @@ class AsyncProducer:
         self._incomplete.discard(batch)
         batch.closed = True
         batch.futures = []
-        self._release(batch.size)
+        self._release(batch.reserved)
         if not batch.done.done():
             if error is None:
                 batch.done.set_result(result)

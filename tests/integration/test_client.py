@@ -150,25 +150,28 @@ def test_batching_batches(brokers, broker):
     assert stored_batches(broker.socket_path, "batched")[-1].records_count == 2
 
 
-def test_producer_keeps_working_across_a_broker_restart(brokers, broker):
+def test_producer_and_consumer_keep_working_across_a_broker_restart(brokers, broker):
     cluster = str(brokers.cluster_dir)
-    with Producer(cluster_dir=cluster, linger_ms=0, retry_backoff_ms=20) as producer:
+    expected = ([f"before-{i}".encode() for i in range(50)]
+                + [f"during-{i}".encode() for i in range(50)] + [b"after"])  # fmt: skip
+    with Producer(cluster_dir=cluster, linger_ms=0, retry_backoff_ms=20) as producer, \
+            Consumer(cluster_dir=cluster, auto_offset_reset="earliest", retry_backoff_ms=20) as consumer:
         before = [producer.send("restart", f"before-{i}".encode(), partition=0) for i in range(50)]
         producer.flush(20)
         assert [f.result(0)[1] for f in before] == list(range(50))
+        consumer.assign([("restart", 0)])
+        got = consume_exactly(consumer, 50)
         broker.kill()
         during = [producer.send("restart", f"during-{i}".encode(), partition=0) for i in range(50)]
-        assert not any(f.done() for f in during[-1:])
+        assert consumer.poll(100) == []  # the broker is gone: nothing, and no error
+        assert not during[-1].done()
         brokers.restart(broker)
         producer.flush(30)
         assert [f.result(0) for f in during] == [(0, 50 + i) for i in range(50)]
-        after = producer.send("restart", b"after", partition=0).result(20)
-        assert after == (0, 100)
-    with Consumer(cluster_dir=cluster, auto_offset_reset="earliest") as consumer:
-        consumer.assign([("restart", 0)])
-        values = [r.value for r in consume_exactly(consumer, 101)]
-    assert values == ([f"before-{i}".encode() for i in range(50)]
-                      + [f"during-{i}".encode() for i in range(50)] + [b"after"])  # fmt: skip
+        assert producer.send("restart", b"after", partition=0).result(20) == (0, 100)
+        got += consume_exactly(consumer, 51)
+    assert [r.value for r in got] == expected
+    assert [r.offset for r in got] == list(range(101))
 
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path):

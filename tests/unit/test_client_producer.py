@@ -153,3 +153,20 @@ def test_acks_0_expects_no_response_and_partitions_by_key():
     fake, results = run_with_fake([], body, acks=0, linger_ms=0)
     assert [p for p, _ in results] == [partition_for_key(f"k{i}".encode(), 2) for i in range(20)]
     assert {o for _, o in results} == {-1}
+
+
+def test_buffer_memory_bounds_unsent_bytes_and_is_given_back():
+    async def body(producer):
+        futures = []
+        for i in range(200):  # 200 x ~112 bytes through a 1000-byte buffer: send waits for room
+            futures.append(await producer.send("t", b"x" * 100, partition=i % 2))
+            assert producer._buffered <= 1000
+        results = [await f for f in futures]
+        with pytest.raises(KafkaError, match="partition 7 of 't' does not exist"):
+            await producer.send("t", b"x", partition=7)
+        assert producer._buffered == 0
+        return results
+
+    fake, results = run_with_fake([], body, buffer_memory=1000, batch_size=500, linger_ms=1)
+    assert sorted(results) == [(p, o) for p in (0, 1) for o in range(100)]
+    assert len(fake.log[0]) == len(fake.log[1]) == 100
