@@ -148,7 +148,7 @@ class AsyncConsumer:
                              f"{', '.join(RESET_POLICIES)}")  # fmt: skip
         c = self.config
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
-                               request_timeout_ms=c["request.timeout.ms"], max_in_flight=1,
+                               request_timeout_ms=c["request.timeout.ms"],
                                reconnect_backoff_ms=c["reconnect.backoff.ms"],
                                metadata_max_age_ms=c["metadata.max.age.ms"],
                                allow_auto_create_topics=c["allow.auto.create.topics"])  # fmt: skip

@@ -255,6 +255,8 @@ class Cluster:
         """A fresh snapshot; joins a refresh already under way."""
         self.request_metadata_refresh()
         task = self._refresh
+        if task is None:
+            raise KafkaConnectionError("client is closed")
         await asyncio.shield(task)
         return self.metadata
 
