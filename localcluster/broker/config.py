@@ -52,6 +52,9 @@ class BrokerConfig:
     # One host: a dead process is noticed through its dropped flock at once; the timeout only
     # matters for a hung (SIGSTOPped) broker. Kafka's 18 s is sized for networks.
     zookeeper_session_timeout_ms: int = _prop("zookeeper.session.timeout.ms", 6_000)
+    # Ours, not Kafka's: false keeps this broker out of controller elections, so a test can
+    # play the controller by hand (tests/replication.py) with nobody interfering.
+    controller_eligible: bool = _prop("controller.eligible", True)
     replication_protocol: str = _prop("replication.protocol", "leader-epoch",
                                       "leader-epoch (KIP-101/279) or hw-truncation (0.8)")  # fmt: skip
 

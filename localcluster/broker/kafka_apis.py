@@ -16,6 +16,7 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.broker.metadata import ClusterMetadata, TopicCreationError
 from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.broker.shutdown import ask_local_controller
 from localcluster.protocol import controller_requests, fetch, messages, produce
 from localcluster.protocol.api import (
     SUPPORTED,
@@ -43,7 +44,9 @@ class KafkaApis:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.handle_offset_for_leader_epoch,
             ApiKey.LEADER_AND_ISR: self.handle_leader_and_isr,
             ApiKey.STOP_REPLICA: self.handle_stop_replica,
+            ApiKey.CONTROLLED_SHUTDOWN: self.handle_controlled_shutdown,
         }
+        self.controller = None  # KafkaController, set by the server
 
     async def handle(self, frame: memoryview, peer: str) -> list | None:
         reader = Reader(frame)
@@ -158,6 +161,16 @@ class KafkaApis:
     async def handle_stop_replica(self, header: RequestHeader, reader: Reader) -> bytes:
         request = controller_requests.read_stop_replica(reader)
         return controller_requests.write_partition_errors(self.replica_manager.stop_replicas(request))
+
+    async def handle_controlled_shutdown(self, header: RequestHeader, reader: Reader) -> bytes:
+        broker_id = controller_requests.read_controlled_shutdown(reader)
+        if self.controller is None or not self.controller.is_active:
+            return controller_requests.write_controlled_shutdown_response(ErrorCode.not_controller, [])
+        result = await ask_local_controller(self.controller, broker_id)
+        if result is None:
+            return controller_requests.write_controlled_shutdown_response(ErrorCode.not_controller, [])
+        error, remaining = result
+        return controller_requests.write_controlled_shutdown_response(error, remaining)
 
     # -- CreateTopics -------------------------------------------------------------------------
 

@@ -29,13 +29,14 @@ from localcluster.broker.metadata import ClusterMetadata
 from localcluster.broker.network import Listener, tcp_listen, unix_listen
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.broker.shutdown import controlled_shutdown
 from localcluster.coord.znode_data import BrokerRegistration
-from localcluster.protocol.controller_requests import PartitionState
+from localcluster.controller.controller import KafkaController
 
 log = logging.getLogger(__name__)
 
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 10
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep a margin
-RECONCILE_INTERVAL_S = 1.0
 
 
 def cluster_hash(cluster_dir: Path) -> str:
@@ -85,7 +86,7 @@ class BrokerServer:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._listeners: list[Listener] = []
-        self._reconcile_wanted = asyncio.Event()
+        self.controller: KafkaController | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -133,10 +134,11 @@ class BrokerServer:
                                           int(time.time() * 1000))  # fmt: skip
         await asyncio.to_thread(self.metadata.register, registration)
         (self.broker_dir / "broker.pid").write_text(f"{os.getpid()}\n")
-        self.metadata.watch_topics(lambda: loop.call_soon_threadsafe(self._reconcile_wanted.set))
-        await self._reconcile()
+        if c.controller_eligible:
+            self.controller = KafkaController(c.broker_id, self.metadata.zk, c)
+            apis.controller = self.controller
+            self.controller.start()
         self._tasks = [
-            loop.create_task(self._reconcile_loop()),
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_interval_ms, self.replica_manager.checkpoint)),
@@ -151,29 +153,28 @@ class BrokerServer:
         await self._stop.wait()
         log.info("broker %d shutting down", c.broker_id)
 
-    async def _reconcile_loop(self) -> None:
-        while True:
+    async def _controlled_shutdown(self) -> None:
+        """Ask the controller to move our leaderships away first (Kafka's controlled
+        shutdown), so producers see a leader change instead of a dead leader."""
+        deadline = time.monotonic() + CONTROLLED_SHUTDOWN_TIMEOUT_S
+        while time.monotonic() < deadline:
             try:
-                await asyncio.wait_for(self._reconcile_wanted.wait(), RECONCILE_INTERVAL_S)
-            except TimeoutError:
-                pass
-            self._reconcile_wanted.clear()
-            try:
-                await self._reconcile()
-            except Exception:
-                log.exception("could not read partition leadership from the store; retrying")
+                remaining = await controlled_shutdown(self.metadata, self.controller, self.config.broker_id)
+            except Exception as e:
+                log.info("controlled shutdown: %s; retrying", e)
+                remaining = None
+            if remaining == []:
+                log.info("controlled shutdown: leaderships moved away")
+                return
+            if remaining is not None and all(self._sole_replica(tp) for tp in remaining):
+                return  # what is left has no other replica to lead it
+            await asyncio.sleep(0.1)
+        log.warning("controlled shutdown did not complete in %d s; shutting down anyway",
+                    CONTROLLED_SHUTDOWN_TIMEOUT_S)
 
-    async def _reconcile(self) -> None:
-        """Lead what the store says this broker leads: the controller's LeaderAndIsr for
-        partitions no controller has told us about (until the controller exists, issue 6)."""
-        led = await asyncio.to_thread(self.metadata.partitions_led_by_me)
-        for topic, partition, state, zk_version, replicas, config in led:
-            hosted = self.replica_manager.partitions.get((topic, partition))
-            if hosted is not None and hosted.state.leader_epoch >= state.leader_epoch:
-                continue
-            self.replica_manager.make_leader(PartitionState(
-                topic, partition, state.controller_epoch, state.leader, state.leader_epoch,
-                state.isr, zk_version, replicas), config)  # fmt: skip
+    def _sole_replica(self, tp) -> bool:
+        hosted = self.replica_manager.partitions.get(tuple(tp))
+        return hosted is None or len(hosted.state.assignment) <= 1
 
     async def _every(self, interval_ms: int, action) -> None:
         while True:
@@ -190,6 +191,10 @@ class BrokerServer:
                 hosted.state.on_log_start_offset(hosted.log.log_start_offset)
 
     async def _shutdown(self) -> None:
+        if self.controller is not None and self.config.controlled_shutdown_enable:
+            await self._controlled_shutdown()
+        if self.controller is not None:
+            await self.controller.stop()
         if getattr(self, "metadata", None) is not None:
             await asyncio.to_thread(self.metadata.deregister)  # clients stop routing here first
         for task in self._tasks:

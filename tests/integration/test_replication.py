@@ -24,8 +24,8 @@ def cluster(brokers):
     started = {}
 
     def start(ids, **settings):
-        for i in ids:
-            started[i] = brokers.start(i, **settings)
+        for i in ids:  # no broker runs a controller: the test plays it
+            started[i] = brokers.start(i, controller_eligible="false", **settings)
         return controller
 
     controller = TestController(brokers.cluster_dir, started)

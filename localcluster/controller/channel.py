@@ -1,0 +1,154 @@
+"""The controller's channel to brokers: requests batched per broker, sent in order, retried.
+
+A `RequestBatch` collects the LeaderAndIsr partition states and StopReplica partitions that one
+event produced, per broker, and hands each broker one request of each kind. A broker's queue is
+served by one task over one connection to its Unix socket; a request that fails for a
+connection reason is retried (with backoff) until it is answered or the broker is removed
+(it died: its next registration brings a fresh queue and a full LeaderAndIsr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from localcluster.client.connection import Address, BrokerConnection, KafkaError
+from localcluster.protocol import controller_requests as cr
+from localcluster.protocol.api import ApiKey
+from localcluster.protocol.wire import Reader
+
+log = logging.getLogger(__name__)
+
+QUEUE_BOUND = 10_000
+RETRY_BACKOFF_S = 0.05
+RETRY_BACKOFF_MAX_S = 1.0
+REQUEST_TIMEOUT_MS = 30_000
+
+OnResponse = Callable[[cr.PartitionErrors], Awaitable[None] | None]
+
+
+@dataclass(slots=True)
+class _Request:
+    api_key: int
+    body: bytes
+    on_response: OnResponse | None
+
+
+@dataclass
+class RequestBatch:
+    controller_id: int
+    controller_epoch: int
+    leader_and_isr: dict[int, dict[tuple[str, int], cr.PartitionState]] = field(default_factory=dict)
+    stop_replica: dict[tuple[int, bool], set[tuple[str, int]]] = field(default_factory=dict)
+
+    def add_leader_and_isr(self, brokers, state: cr.PartitionState) -> None:
+        for broker in brokers:
+            self.leader_and_isr.setdefault(broker, {})[(state.topic, state.partition)] = state
+
+    def add_stop_replica(self, broker: int, tp: tuple[str, int], delete: bool) -> None:
+        self.stop_replica.setdefault((broker, delete), set()).add(tp)
+
+    def send(self, channel: ControllerChannelManager,
+             on_stop_replica: Callable[[int, cr.PartitionErrors], None] | None = None) -> None:  # fmt: skip
+        for broker, states in sorted(self.leader_and_isr.items()):
+            request = cr.LeaderAndIsrRequest(self.controller_id, self.controller_epoch,
+                                             tuple(states[k] for k in sorted(states)))  # fmt: skip
+            channel.send(broker, ApiKey.LEADER_AND_ISR, cr.write_leader_and_isr(request))
+        for (broker, delete), tps in sorted(self.stop_replica.items()):
+            request = cr.StopReplicaRequest(self.controller_id, self.controller_epoch, delete,
+                                            tuple(sorted(tps)))  # fmt: skip
+            callback = (lambda response, b=broker: on_stop_replica(b, response)) if on_stop_replica else None
+            channel.send(broker, ApiKey.STOP_REPLICA, cr.write_stop_replica(request), callback)
+        self.leader_and_isr.clear()
+        self.stop_replica.clear()
+
+
+class _BrokerQueue:
+    def __init__(self, broker_id: int, socket_path: str, client_id: str):
+        self.broker_id = broker_id
+        self.socket_path = socket_path
+        self.client_id = client_id
+        self.queue: asyncio.Queue[_Request] = asyncio.Queue(QUEUE_BOUND)
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.connection: BrokerConnection | None = None
+
+    async def _run(self) -> None:
+        while True:
+            request = await self.queue.get()
+            backoff = RETRY_BACKOFF_S
+            while True:
+                try:
+                    response = await self._send(request)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except (KafkaError, OSError, ConnectionError, TimeoutError) as e:
+                    log.info("controller: request %s to broker %d failed (%s); retrying in %.2f s",
+                             ApiKey(request.api_key).name, self.broker_id, e, backoff)  # fmt: skip
+                    self._close()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+            if request.on_response is not None:
+                result = request.on_response(response)
+                if asyncio.iscoroutine(result):
+                    await result
+
+    async def _send(self, request: _Request) -> cr.PartitionErrors:
+        if self.connection is None or self.connection.closed:
+            self.connection = await BrokerConnection.open(Address(unix_socket=self.socket_path),
+                                                          client_id=self.client_id, max_in_flight=1)  # fmt: skip
+        frame, offset = await self.connection.send(request.api_key, lambda v: request.body, version=0,
+                                                   timeout_ms=REQUEST_TIMEOUT_MS)  # fmt: skip
+        response = cr.read_partition_errors(Reader(frame, offset))
+        if response.error_code:
+            log.warning("controller: broker %d answered %s with error %d", self.broker_id,
+                        ApiKey(request.api_key).name, response.error_code)  # fmt: skip
+        return response
+
+    def _close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+        self.connection = None
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self._close()
+
+
+class ControllerChannelManager:
+    def __init__(self, controller_id: int):
+        self.controller_id = controller_id
+        self._queues: dict[int, _BrokerQueue] = {}
+
+    def add_broker(self, broker_id: int, socket_path: str) -> None:
+        existing = self._queues.get(broker_id)
+        if existing is not None and existing.socket_path == socket_path:
+            return
+        if existing is not None:
+            asyncio.get_running_loop().create_task(existing.close())
+        self._queues[broker_id] = _BrokerQueue(broker_id, socket_path,
+                                               f"controller-{self.controller_id}")  # fmt: skip
+
+    async def remove_broker(self, broker_id: int) -> None:
+        queue = self._queues.pop(broker_id, None)
+        if queue is not None:
+            await queue.close()
+
+    def send(self, broker_id: int, api_key: int, body: bytes, on_response: OnResponse | None = None) -> None:
+        queue = self._queues.get(broker_id)
+        if queue is None:
+            log.info("controller: no channel to broker %d (not live); dropping %s", broker_id,
+                     ApiKey(api_key).name)  # fmt: skip
+            return
+        try:
+            queue.queue.put_nowait(_Request(api_key, body, on_response))
+        except asyncio.QueueFull:
+            log.error("controller: queue to broker %d is full (%d requests); dropping %s",
+                      broker_id, QUEUE_BOUND, ApiKey(api_key).name)  # fmt: skip
+
+    async def close(self) -> None:
+        for broker_id in list(self._queues):
+            await self.remove_broker(broker_id)

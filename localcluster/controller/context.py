@@ -1,0 +1,73 @@
+"""ControllerContext: everything the controller knows, loaded from the store on failover.
+
+Only the controller's event loop touches it. `leadership` holds each partition's state znode
+(LeaderAndIsr) with the version the next conditional write must name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localcluster.controller.state_machines import StateTable, partition_states, replica_states
+from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class Leadership:
+    state: LeaderAndIsr
+    zk_version: int
+
+
+@dataclass
+class ControllerContext:
+    epoch: int = 0
+    epoch_zk_version: int = -1
+    live_brokers: dict[int, BrokerRegistration] = field(default_factory=dict)
+    shutting_down: set[int] = field(default_factory=set)
+    assignments: dict[TopicPartition, tuple[int, ...]] = field(default_factory=dict)
+    leadership: dict[TopicPartition, Leadership] = field(default_factory=dict)
+    topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    reassignments: dict[TopicPartition, tuple[int, ...]] = field(default_factory=dict)
+    topics_to_delete: set[str] = field(default_factory=set)
+    partition_states: StateTable = field(default_factory=partition_states)
+    replica_states: StateTable = field(default_factory=replica_states)
+
+    @property
+    def live_ids(self) -> set[int]:
+        return set(self.live_brokers) - self.shutting_down
+
+    def live_or_shutting_down(self) -> set[int]:
+        return set(self.live_brokers)
+
+    def topics(self) -> set[str]:
+        return {t for t, _ in self.assignments}
+
+    def partitions_of(self, topic: str) -> list[TopicPartition]:
+        return sorted(tp for tp in self.assignments if tp[0] == topic)
+
+    def live_replicas(self, tp: TopicPartition) -> list[int]:
+        live = set(self.live_brokers)
+        return [r for r in self.assignments.get(tp, ()) if r in live]
+
+    def partitions_on(self, broker_id: int) -> list[TopicPartition]:
+        return sorted(tp for tp, replicas in self.assignments.items() if broker_id in replicas)
+
+    def partitions_led_by(self, broker_id: int) -> list[TopicPartition]:
+        return sorted(tp for tp, lead in self.leadership.items() if lead.state.leader == broker_id)
+
+    def unclean_enabled(self, tp: TopicPartition, default: bool) -> bool:
+        value = self.topic_configs.get(tp[0], {}).get("unclean.leader.election.enable")
+        return default if value is None else value.lower() == "true"
+
+    def remove_topic(self, topic: str) -> None:
+        for tp in self.partitions_of(topic):
+            for replica in self.assignments[tp]:
+                self.replica_states.forget((tp, replica))
+            self.partition_states.forget(tp)
+            self.assignments.pop(tp, None)
+            self.leadership.pop(tp, None)
+            self.reassignments.pop(tp, None)
+        self.topic_configs.pop(topic, None)
+        self.topics_to_delete.discard(topic)

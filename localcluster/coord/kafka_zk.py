@@ -1,0 +1,306 @@
+"""KafkaZkClient: Kafka's znodes read and written by name, over any CoordinationClient.
+
+The broker (registration, metadata, its ISR writes) and the controller (elections, topic
+administration) both go through here, so each znode's layout and each conditional write is
+written once. Calls block (a file read, or a round trip to ZooKeeper): runtimes call them from
+a worker thread. Controller writes are fenced: they commit in a transaction that also checks
+/controller_epoch's version, so a controller that lost its seat cannot overwrite anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+
+from localcluster.coord import paths
+from localcluster.coord.interface import (
+    BadVersionError,
+    CoordinationClient,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    RuntimeInconsistencyError,
+)
+from localcluster.coord.znode_data import (
+    BrokerRegistration,
+    LeaderAndIsr,
+    TopicAssignment,
+    decode_topic_config,
+    encode_topic_config,
+)
+
+log = logging.getLogger(__name__)
+
+CONFIG_TOPICS = "/config/topics"
+CLUSTER_ID = "/cluster/id"
+TopicPartition = tuple[str, int]
+
+
+class ControllerMovedError(Exception):
+    """A fenced write: another controller holds a newer epoch."""
+
+
+def config_path(topic: str) -> str:
+    return f"{CONFIG_TOPICS}/{topic}"
+
+
+class KafkaZkClient:
+    def __init__(self, coord: CoordinationClient):
+        self.coord = coord
+
+    def ensure_persistent_paths(self) -> None:
+        for path in paths.PERSISTENT_PATHS + (CONFIG_TOPICS,):
+            self.coord.ensure_path(path)
+
+    # -- brokers ------------------------------------------------------------------------------
+
+    def register_broker(self, registration: BrokerRegistration) -> None:
+        """Create the ephemeral /brokers/ids/<id>; NodeExistsError when it is taken."""
+        self.coord.create(paths.broker_path(registration.broker_id), registration.encode(),
+                          ephemeral=True)  # fmt: skip
+
+    def broker(self, broker_id: int) -> BrokerRegistration | None:
+        path = paths.broker_path(broker_id)
+        try:
+            data, _ = self.coord.get(path)
+        except NoNodeError:
+            return None
+        return BrokerRegistration.decode(broker_id, path, data)
+
+    def broker_ids(self, watch=None) -> list[int]:
+        return sorted(int(c) for c in self.coord.get_children(paths.BROKER_IDS, watch) if c.isdigit())
+
+    def live_brokers(self) -> dict[int, BrokerRegistration]:
+        out = {}
+        for broker_id in self.broker_ids():
+            registration = self.broker(broker_id)
+            if registration is not None:
+                out[broker_id] = registration
+        return out
+
+    def cluster_id(self) -> str:
+        try:
+            data, _ = self.coord.get(CLUSTER_ID)
+            return json.loads(data)["id"]
+        except NoNodeError:
+            pass
+        except (ValueError, KeyError):
+            return "unknown"
+        try:
+            self.coord.create(CLUSTER_ID, json.dumps({"version": "1", "id": uuid.uuid4().hex[:22]}).encode(),
+                              makepath=True)  # fmt: skip
+        except NodeExistsError:
+            pass
+        return json.loads(self.coord.get(CLUSTER_ID)[0])["id"]
+
+    # -- the controller seat ------------------------------------------------------------------
+
+    def controller_id(self) -> int | None:
+        try:
+            data, _ = self.coord.get(paths.CONTROLLER)
+            return int(json.loads(data)["brokerid"])
+        except (NoNodeError, ValueError, KeyError, TypeError):
+            return None
+
+    def try_become_controller(self, broker_id: int) -> tuple[int, int] | None:
+        """Create the ephemeral /controller, then bump /controller_epoch. Returns (epoch,
+        its znode version) on a win, None when another broker holds the seat."""
+        value = json.dumps({"version": 1, "brokerid": broker_id,
+                            "timestamp": str(int(time.time() * 1000))}).encode()  # fmt: skip
+        try:
+            self.coord.create(paths.CONTROLLER, value, ephemeral=True)
+        except NodeExistsError:
+            return None
+        while True:
+            try:
+                data, stat = self.coord.get(paths.CONTROLLER_EPOCH)
+            except NoNodeError:
+                try:
+                    self.coord.create(paths.CONTROLLER_EPOCH, b"1")
+                    return 1, 0
+                except NodeExistsError:
+                    continue
+            epoch = int(data) + 1
+            try:
+                new_stat = self.coord.set(paths.CONTROLLER_EPOCH, str(epoch).encode(), version=stat.version)
+                return epoch, new_stat.version
+            except BadVersionError:
+                continue
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def topics(self, watch=None) -> list[str]:
+        return sorted(self.coord.get_children(paths.BROKER_TOPICS, watch))
+
+    def assignment(self, topic: str, watch=None) -> TopicAssignment | None:
+        path = paths.topic_path(topic)
+        try:
+            data, _ = self.coord.get(path, watch)
+        except NoNodeError:
+            return None
+        return TopicAssignment.decode(path, data)
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        try:
+            data, _ = self.coord.get(config_path(topic))
+        except NoNodeError:
+            return {}
+        return decode_topic_config(config_path(topic), data)
+
+    def create_topic(self, topic: str, table: dict[int, tuple[int, ...]], config: dict[str, str]) -> None:
+        """Write config and assignment in one transaction (the controller does the rest)."""
+        tx = self.coord.transaction()
+        tx.create(config_path(topic), encode_topic_config(config))
+        tx.create(paths.topic_path(topic), TopicAssignment(table).encode())
+        results = tx.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
+
+    def partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
+        path = paths.partition_state_path(topic, partition)
+        try:
+            data, stat = self.coord.get(path)
+        except NoNodeError:
+            return None
+        return LeaderAndIsr.decode(path, data), stat.version
+
+    # -- writes fenced by the controller epoch -------------------------------------------------
+
+    def _fenced(self, controller_epoch_version: int):
+        tx = self.coord.transaction()
+        tx.check(paths.CONTROLLER_EPOCH, controller_epoch_version)
+        return tx
+
+    def _commit_fenced(self, tx) -> list:
+        """Commit; raise ControllerMovedError when the epoch check failed, else the first
+        operation's own error, else return the operations' results (without the check's)."""
+        results = tx.commit()
+        if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
+            raise ControllerMovedError(f"/controller_epoch moved on ({results[0]}): another "
+                                       "controller was elected")  # fmt: skip
+        for r in results[1:]:
+            if isinstance(r, Exception) and not isinstance(r, RolledBackError | RuntimeInconsistencyError):
+                raise r
+        return results[1:]
+
+    def create_partition_state(self, tp: TopicPartition, state: LeaderAndIsr,
+                               controller_epoch_version: int) -> int:  # fmt: skip
+        """Create .../partitions/P/state (and its parents); returns its version (0)."""
+        topic, partition = tp
+        for path in (paths.topic_partitions_path(topic), paths.partition_path(topic, partition)):
+            try:
+                self.coord.create(path)
+            except NodeExistsError:
+                pass
+        tx = self._fenced(controller_epoch_version)
+        tx.create(paths.partition_state_path(topic, partition), state.encode())
+        self._commit_fenced(tx)
+        return 0
+
+    def update_partition_state(self, tp: TopicPartition, state: LeaderAndIsr, zk_version: int,
+                               controller_epoch_version: int) -> int | None:  # fmt: skip
+        """Conditional update by the controller; the new version, or None on a version clash."""
+        tx = self._fenced(controller_epoch_version)
+        tx.set_data(paths.partition_state_path(*tp), state.encode(), version=zk_version)
+        try:
+            (stat,) = self._commit_fenced(tx)
+        except (BadVersionError, NoNodeError):
+            return None
+        return stat.version
+
+    def update_isr_from_leader(self, tp: TopicPartition, state: LeaderAndIsr,
+                               zk_version: int) -> int | None:  # fmt: skip
+        """A leader's ISR change (Kafka's updateLeaderAndIsr from the broker), with its
+        /isr_change_notification in the same transaction. New version, or None on a clash."""
+        notification = json.dumps({"version": 1, "partitions": [
+            {"topic": tp[0], "partition": tp[1]}]}).encode()  # fmt: skip
+        tx = self.coord.transaction()
+        tx.set_data(paths.partition_state_path(*tp), state.encode(), version=zk_version)
+        tx.create(paths.isr_change_notification_prefix(), notification, sequence=True)
+        results = tx.commit()
+        if any(isinstance(r, Exception) for r in results):
+            return None
+        return results[0].version
+
+    def write_assignment(self, topic: str, assignment: TopicAssignment,
+                         controller_epoch_version: int) -> None:  # fmt: skip
+        tx = self._fenced(controller_epoch_version)
+        tx.set_data(paths.topic_path(topic), assignment.encode())
+        self._commit_fenced(tx)
+
+    def delete_topic_znodes(self, topic: str) -> None:
+        for path in (paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)):
+            try:
+                self.coord.delete(path, recursive=True)
+            except NoNodeError:
+                pass
+
+    # -- admin requests and notifications -----------------------------------------------------
+
+    def isr_change_notifications(self, watch=None) -> list[str]:
+        return sorted(self.coord.get_children(paths.ISR_CHANGE_NOTIFICATION, watch))
+
+    def consume_isr_change_notification(self, name: str) -> list[TopicPartition]:
+        path = f"{paths.ISR_CHANGE_NOTIFICATION}/{name}"
+        try:
+            data, _ = self.coord.get(path)
+            self.coord.delete(path)
+        except NoNodeError:
+            return []
+        try:
+            return [(p["topic"], int(p["partition"])) for p in json.loads(data)["partitions"]]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed ISR change notification %s: %r", path, data[:200])
+            return []
+
+    def topics_to_delete(self, watch=None) -> list[str]:
+        return sorted(self.coord.get_children(paths.DELETE_TOPICS, watch))
+
+    def _admin_partitions(self, path: str, watch=None) -> list[dict] | None:
+        try:
+            data, _ = self.coord.get(path, watch)
+        except NoNodeError:
+            if watch is not None:
+                self.coord.exists(path, watch)
+            return None
+        try:
+            return list(json.loads(data)["partitions"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed %s: %r", path, data[:200])
+            return []
+
+    def reassignments(self, watch=None) -> dict[TopicPartition, tuple[int, ...]] | None:
+        entries = self._admin_partitions(paths.REASSIGN_PARTITIONS, watch)
+        if entries is None:
+            return None
+        return {(e["topic"], int(e["partition"])): tuple(int(r) for r in e["replicas"]) for e in entries}
+
+    def write_reassignments(self, remaining: dict[TopicPartition, tuple[int, ...]]) -> None:
+        if not remaining:
+            try:
+                self.coord.delete(paths.REASSIGN_PARTITIONS)
+            except NoNodeError:
+                pass
+            return
+        value = json.dumps({"version": 1, "partitions": [
+            {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(remaining.items())
+        ]}).encode()  # fmt: skip
+        try:
+            self.coord.set(paths.REASSIGN_PARTITIONS, value)
+        except NoNodeError:
+            self.coord.create(paths.REASSIGN_PARTITIONS, value, makepath=True)
+
+    def preferred_elections(self, watch=None) -> list[TopicPartition] | None:
+        entries = self._admin_partitions(paths.PREFERRED_REPLICA_ELECTION, watch)
+        if entries is None:
+            return None
+        return [(e["topic"], int(e["partition"])) for e in entries]
+
+    def delete_preferred_elections(self) -> None:
+        try:
+            self.coord.delete(paths.PREFERRED_REPLICA_ELECTION)
+        except NoNodeError:
+            pass
