@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 MAX_PARKED = 100_000  # bound: each parked produce holds a client connection's request
+COMPACT_AFTER = 1024  # answered produces left in the deadline heap before it is rebuilt
 
 
 @dataclass(slots=True, eq=False)  # identity: two equal produces are still two
@@ -88,4 +89,10 @@ class ProducePurgatory:
         self._count -= len(parked)
         if not from_heap:
             self._done.update(id(p) for p in parked)  # their heap entries are skipped later
+            if len(self._done) > max(self._count, COMPACT_AFTER):
+                # Answered produces would otherwise stay in the heap until their deadlines
+                # (throughput x timeout entries): drop them once they outnumber the parked.
+                self._deadlines = [e for e in self._deadlines if id(e[2]) not in self._done]
+                heapq.heapify(self._deadlines)
+                self._done.clear()
         return [(p.key, error) for p in parked]
