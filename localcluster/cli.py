@@ -1,7 +1,9 @@
 """The `localcluster` command: parse arguments, call into the package, render the result.
 
-No protocol or storage logic lives here; each command is a thin face over a module.
-Exit codes: 0 ok, 1 failure, 2 usage (click's own).
+No protocol or storage logic lives here; each command is a thin face over a module
+(cluster.py, supervisor.py, tools/cluster_admin.py, tools/cluster_view.py). Every cluster
+command takes --dir (or LOCALCLUSTER_DIR; default ./.localcluster). Exit codes: 0 ok,
+1 failure (one line saying what is wrong and what to do), 2 usage (click's own).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def log_dump(directory: Path, show_records: bool, limit: int) -> None:
 
     sys.exit(dump(directory, show_records=show_records, limit=limit))
 
+
+from localcluster.cli_cluster import register  # noqa: E402  (the cluster commands)
+
+register(main)
 
 if __name__ == "__main__":
     main()

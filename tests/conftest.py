@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.zookeeper", "tests.brokers"]
+pytest_plugins = ["tests.zookeeper", "tests.brokers", "tests.leakcheck"]

@@ -1,0 +1,213 @@
+"""Rendering for the cluster commands: rich tables of brokers, partitions and live rates.
+
+Only presentation lives here: every function takes the dicts cluster.status() and the admin
+helpers return (the same ones `--json` prints) and draws them. `watch` is the live view of
+`status --watch`: the store for brokers and partitions, the shared-memory metrics board for
+rates, latencies and ISR changes, refreshed in place.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+_console: Console | None = None
+
+
+def console() -> Console:
+    global _console
+    if _console is None:
+        _console = Console(highlight=False)
+        if not _console.is_terminal:
+            _console = Console(highlight=False, width=160)
+    return _console
+
+
+def _ids(values) -> str:
+    return ",".join(str(v) for v in values) if values else "-"
+
+
+def brokers_table(state: dict) -> Table:
+    table = Table(title="brokers", title_justify="left")
+    for name in ("id", "pid", "state", "rack", "controller", "tcp", "unix socket"):
+        table.add_column(name, no_wrap=name != "unix socket")
+    for b in state["brokers"]:
+        if b["alive"]:
+            label = Text("paused (SIGSTOP)", style="yellow") if b["stopped"] else (
+                Text("alive", style="green") if b["registered"] else Text("starting", style="yellow"))
+        else:
+            label = Text("dead" + (" (stale pid file)" if b["stale_pid_file"] else ""), style="red")
+        tcp = f"{b['host']}:{b['port']}" if b["host"] else "-"
+        table.add_row(str(b["id"]), str(b["pid"] or "-"), label, b["rack"] or "-",
+                      "yes" if b["controller"] else "", tcp, b["unix_socket"] or "-")  # fmt: skip
+    return table
+
+
+def partitions_table(state: dict) -> Table:
+    table = Table(title="partitions", title_justify="left")
+    for name in ("topic", "partition", "leader", "epoch", "AR", "ISR", "CUR", "RAR",
+                 "LEO/HW per replica", "flags"):  # fmt: skip
+        table.add_column(name, no_wrap=True)
+    for p in state["partitions"]:
+        offsets = " ".join(f"{b}:{o['log_end_offset']}/{o['high_watermark']}"
+                           for b, o in sorted(p["replica_offsets"].items())) or "-"  # fmt: skip
+        flags = []
+        if p["offline"]:
+            flags.append(Text("offline", style="bold red"))
+        elif p["under_replicated"]:
+            flags.append(Text("under-replicated", style="yellow"))
+        if p["deleting"]:
+            flags.append(Text("deleting", style="magenta"))
+        table.add_row(p["topic"], str(p["partition"]), str(p["leader"]) if p["leader"] >= 0 else "none",
+                      str(p["leader_epoch"]), _ids(p["replicas"]), _ids(p["isr"]), _ids(p["cur"]),
+                      _ids(p["rar"]), offsets, Text(" ").join(flags) if flags else "")  # fmt: skip
+    return table
+
+
+def summary_lines(state: dict) -> list[str]:
+    controller = state["controller"]
+    lines = [f"controller: {controller if controller is not None else 'none elected'}",
+             f"bootstrap servers: {state['bootstrap_servers'] or '(no broker registered)'}"]  # fmt: skip
+    stale = [b["id"] for b in state["brokers"] if b["stale_pid_file"]]
+    if stale:
+        lines.append(f"stale pid files for brokers {_ids(stale)} (those processes are gone; "
+                     "`localcluster start ID` or `localcluster down`)")  # fmt: skip
+    return lines
+
+
+def status(state: dict) -> None:
+    c = console()
+    c.print(brokers_table(state))
+    for line in summary_lines(state):
+        c.print(line)
+    if state["partitions"]:
+        c.print(partitions_table(state))
+    else:
+        c.print("no topics yet (`localcluster topic create NAME -p 3 -r 3`)")
+
+
+def ready(state: dict, controller: int | None, detached: bool) -> None:
+    c = console()
+    c.print(f"cluster ready in {state['cluster_dir']} (coordination: {state['coordination']})")
+    c.print(brokers_table(state))
+    if controller is None:
+        c.print("controller: no controller (none elected within the grace period)")
+    else:
+        c.print(f"controller: broker {controller}")
+    c.print(f"bootstrap servers: {state['bootstrap_servers']}")
+    if detached:
+        c.print("running in the background; `localcluster status`, `localcluster down`")
+    else:
+        c.print("streaming events; Ctrl-C stops the cluster")
+
+
+def topic(described: dict) -> None:
+    table = Table(title=f"topic {described['topic']}", title_justify="left")
+    for name in ("partition", "leader", "epoch", "replicas", "ISR", "offline"):
+        table.add_column(name, no_wrap=True)
+    for p in described["partitions"]:
+        table.add_row(str(p["partition"]), str(p["leader"]) if p["leader"] >= 0 else "none",
+                      str(p["leader_epoch"]), _ids(p["replicas"]), _ids(p["isr"]),
+                      _ids(p["offline_replicas"]))  # fmt: skip
+    console().print(table)
+
+
+# -- status --watch -----------------------------------------------------------------------------
+
+
+def _rate_rows(directory: Path, previous: dict, elapsed_s: float) -> tuple[list[dict], dict]:
+    from localcluster.metrics import MetricsBoard, rates
+
+    reader = MetricsBoard.open_reader(directory)
+    if reader is None:
+        return [], previous
+    try:
+        snapshot = reader.snapshot()
+    finally:
+        reader.close()
+    rows = []
+    for broker_id, metrics in sorted(snapshot.items()):
+        r = rates(previous.get(broker_id), metrics, elapsed_s)
+        rows.append({"id": broker_id, "messages_in_per_s": r.messages_in_per_s,
+                     "bytes_in_per_s": r.bytes_in_per_s, "bytes_out_per_s": r.bytes_out_per_s,
+                     "produce_p50_us": r.produce_p50_us, "produce_p99_us": r.produce_p99_us,
+                     "isr_shrinks": r.isr_shrinks, "isr_expands": r.isr_expands,
+                     "updated_ms": metrics.updated_ms})  # fmt: skip
+    return rows, snapshot
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _latency(us: float | None) -> str:
+    if us is None:
+        return "-"
+    return f"<{us / 1000:.1f} ms" if us >= 1000 else f"<{us:.0f} us"
+
+
+def rates_table(rows: list[dict]) -> Table:
+    table = Table(title="rates (metrics board)", title_justify="left")
+    for name in ("broker", "msgs in/s", "bytes in/s", "bytes out/s", "produce p50", "produce p99",
+                 "ISR shrinks", "ISR expands"):  # fmt: skip
+        table.add_column(name, justify="left" if name == "broker" else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(str(r["id"]), f"{r['messages_in_per_s']:.0f}", _human_bytes(r["bytes_in_per_s"]),
+                      _human_bytes(r["bytes_out_per_s"]), _latency(r["produce_p50_us"]),
+                      _latency(r["produce_p99_us"]), str(r["isr_shrinks"]), str(r["isr_expands"]))  # fmt: skip
+    return table
+
+
+def watch(directory: Path, spec, interval_s: float, refreshes: int | None, as_json: bool) -> None:
+    """Refresh until Ctrl-C (or `refreshes` times): --json prints one JSON object per line."""
+    from rich.live import Live
+
+    from localcluster import cluster
+
+    previous: dict = {}
+    last = time.monotonic()
+    count = 0
+
+    def frame():
+        nonlocal previous, last
+        now = time.monotonic()
+        state = cluster.status(directory, spec)
+        rows, previous = _rate_rows(directory, previous, now - last)
+        last = now
+        return state, rows
+
+    def render(state, rows):
+        parts = [brokers_table(state), *summary_lines(state)]
+        parts.append(rates_table(rows) if rows else
+                     "no metrics yet (brokers write the board once they record traffic)")  # fmt: skip
+        if state["partitions"]:
+            parts.append(partitions_table(state))
+        return Group(*parts)
+
+    try:
+        if as_json:
+            while refreshes is None or count < refreshes:
+                state, rows = frame()
+                state["rates"] = rows
+                print(json.dumps(state, sort_keys=True, default=str), flush=True)
+                count += 1
+                if refreshes is None or count < refreshes:
+                    time.sleep(interval_s)
+            return
+        with Live(render(*frame()), console=console(), auto_refresh=False) as live:
+            count = 1
+            while refreshes is None or count < refreshes:
+                time.sleep(interval_s)
+                live.update(render(*frame()), refresh=True)
+                count += 1
+    except KeyboardInterrupt:
+        pass
