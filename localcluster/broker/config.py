@@ -82,6 +82,14 @@ class BrokerConfig:
         for name in ("num_partitions", "default_replication_factor", "min_insync_replicas"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_property(name)} must be at least 1")
+        if self.replica_fetch_wait_max_ms > self.replica_lag_time_max_ms:
+            # Kafka's rule: on an idle partition a caught-up follower fetches once per wait, so
+            # a wait longer than the lag time drops it from the ISR between two fetches.
+            raise ConfigError(
+                f"replica.fetch.wait.max.ms={self.replica_fetch_wait_max_ms} must not exceed "
+                f"replica.lag.time.max.ms={self.replica_lag_time_max_ms}, or idle followers "
+                "fall out of the ISR between fetches"
+            )
 
     def properties(self) -> dict[str, object]:
         return {f.metadata["property"]: getattr(self, f.name) for f in dataclasses.fields(self)}
