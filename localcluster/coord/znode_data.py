@@ -30,6 +30,13 @@ def _load(path: str, data: bytes) -> dict:
     return value
 
 
+def _broker_ids(value) -> tuple[int, ...]:
+    # A JSON list only: iterating a string would turn "12" into brokers 1 and 2.
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of broker ids, got {value!r}")
+    return tuple(int(b) for b in value)
+
+
 def _dump(value: dict) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
@@ -83,7 +90,7 @@ class TopicAssignment:
 
         def table(key):
             try:
-                return {int(p): tuple(int(b) for b in r) for p, r in value.get(key, {}).items()}
+                return {int(p): _broker_ids(r) for p, r in value.get(key, {}).items()}
             except (ValueError, TypeError, AttributeError):
                 raise ZnodeDataError(f"topic znode {path}: {key} is malformed") from None
 
@@ -110,7 +117,7 @@ class LeaderAndIsr:
         value = _load(path, data)
         try:
             return cls(int(value["leader"]), int(value["leader_epoch"]),
-                       tuple(int(b) for b in value["isr"]), int(value["controller_epoch"]))  # fmt: skip
+                       _broker_ids(value["isr"]), int(value["controller_epoch"]))  # fmt: skip
         except (KeyError, ValueError, TypeError) as e:
             raise ZnodeDataError(f"partition state {path} lacks or garbles {e}") from None
 
@@ -120,4 +127,9 @@ def encode_topic_config(config: dict[str, str]) -> bytes:
 
 
 def decode_topic_config(path: str, data: bytes) -> dict[str, str]:
-    return {str(k): str(v) for k, v in _load(path, data).get("config", {}).items()}
+    config = _load(path, data).get("config", {})
+    if not isinstance(config, dict):
+        raise ZnodeDataError(
+            f"topic config {path}: config is {type(config).__name__}, expected an object"
+        )
+    return {str(k): str(v) for k, v in config.items()}
