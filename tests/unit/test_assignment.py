@@ -25,11 +25,15 @@ DESIGN_DOC_TABLE = {
 
 
 def test_design_doc_table():
-    assert assign_replicas_to_brokers([0, 1, 2, 3, 4], 10, 3, fixed_start_index=0) == DESIGN_DOC_TABLE
+    assert (
+        assign_replicas_to_brokers([0, 1, 2, 3, 4], 10, 3, fixed_start_index=0) == DESIGN_DOC_TABLE
+    )
 
 
 def test_broker_order_does_not_matter_without_racks():
-    assert assign_replicas_to_brokers([3, 0, 4, 2, 1], 10, 3, fixed_start_index=0) == DESIGN_DOC_TABLE
+    assert (
+        assign_replicas_to_brokers([3, 0, 4, 2, 1], 10, 3, fixed_start_index=0) == DESIGN_DOC_TABLE
+    )
 
 
 def test_broker_ids_need_not_be_contiguous():
@@ -48,7 +52,9 @@ def test_replica_index_formula():
 
 def test_start_partition_id_continues_the_pattern():
     # adding partitions 5..9 to a topic whose 0..4 came from the same start index
-    added = assign_replicas_to_brokers([0, 1, 2, 3, 4], 5, 3, fixed_start_index=0, start_partition_id=5)
+    added = assign_replicas_to_brokers(
+        [0, 1, 2, 3, 4], 5, 3, fixed_start_index=0, start_partition_id=5
+    )
     assert added == {p: DESIGN_DOC_TABLE[p] for p in range(5, 10)}
 
 
@@ -61,7 +67,9 @@ def test_random_start_comes_from_the_rng():
     a = assign_replicas_to_brokers(range(6), 12, 3, rng=random.Random(7))
     b = assign_replicas_to_brokers(range(6), 12, 3, rng=random.Random(7))
     assert a == b
-    starts = {assign_replicas_to_brokers(range(6), 1, 1, rng=random.Random(s))[0][0] for s in range(40)}
+    starts = {
+        assign_replicas_to_brokers(range(6), 1, 1, rng=random.Random(s))[0][0] for s in range(40)
+    }
     assert len(starts) > 1  # not always the same first broker
 
 
@@ -101,7 +109,10 @@ def test_rack_aware_design_doc_example():
 
 def test_racks_all_none_is_rack_unaware():
     racks = dict.fromkeys(range(5))
-    assert assign_replicas_to_brokers(range(5), 10, 3, fixed_start_index=0, racks=racks) == DESIGN_DOC_TABLE
+    assert (
+        assign_replicas_to_brokers(range(5), 10, 3, fixed_start_index=0, racks=racks)
+        == DESIGN_DOC_TABLE
+    )
 
 
 # -- errors -----------------------------------------------------------------------------------------

@@ -82,7 +82,9 @@ def test_properties_round_trip():
 
 
 def test_unknown_property_names_the_known_ones():
-    with pytest.raises(ConfigError, match=r"unknown broker property 'min.isr'.*min\.insync\.replicas"):
+    with pytest.raises(
+        ConfigError, match=r"unknown broker property 'min.isr'.*min\.insync\.replicas"
+    ):
         BrokerConfig.from_properties({"min.isr": "2"})
     with pytest.raises(ConfigError, match="unknown broker property 'min_insync_replicas'"):
         BrokerConfig.from_properties({"min_insync_replicas": "2"})  # attribute names are not names
@@ -94,9 +96,17 @@ def test_unknown_property_names_the_known_ones():
         ("min.insync.replicas", "two", r"min\.insync\.replicas='two': expected an integer"),
         ("broker.id", "1.5", r"broker\.id='1\.5': expected an integer"),
         ("log.segment.bytes", "", "expected an integer"),
-        ("unclean.leader.election.enable", "yes", r"unclean\.leader\.election\.enable='yes': expected true or false"),
+        (
+            "unclean.leader.election.enable",
+            "yes",
+            r"unclean\.leader\.election\.enable='yes': expected true or false",
+        ),
         ("auto.create.topics.enable", "1", "expected true or false"),
-        ("replication.protocol", "raft", r"replication\.protocol='raft': use leader-epoch or hw-truncation"),
+        (
+            "replication.protocol",
+            "raft",
+            r"replication\.protocol='raft': use leader-epoch or hw-truncation",
+        ),
         ("min.insync.replicas", "0", r"min\.insync\.replicas must be at least 1"),
         ("num.partitions", "-1", r"num\.partitions must be at least 1"),
         ("default.replication.factor", "0", r"default\.replication\.factor must be at least 1"),
@@ -114,10 +124,19 @@ def test_config_error_is_a_value_error():
 def test_fetch_wait_may_not_exceed_the_lag_time():
     # Kafka's rule: a follower long-polling an idle leader for longer than
     # replica.lag.time.max.ms would fall out of the ISR between its fetches.
-    assert BrokerConfig.from_properties({"replica.fetch.wait.max.ms": "10000"}).replica_fetch_wait_max_ms == 10_000
-    with pytest.raises(ConfigError, match=r"replica\.fetch\.wait\.max\.ms.*replica\.lag\.time\.max\.ms"):
+    assert (
+        BrokerConfig.from_properties(
+            {"replica.fetch.wait.max.ms": "10000"}
+        ).replica_fetch_wait_max_ms
+        == 10_000
+    )
+    with pytest.raises(
+        ConfigError, match=r"replica\.fetch\.wait\.max\.ms.*replica\.lag\.time\.max\.ms"
+    ):
         BrokerConfig.from_properties({"replica.fetch.wait.max.ms": "10001"})
-    with pytest.raises(ConfigError, match=r"replica\.fetch\.wait\.max\.ms.*replica\.lag\.time\.max\.ms"):
+    with pytest.raises(
+        ConfigError, match=r"replica\.fetch\.wait\.max\.ms.*replica\.lag\.time\.max\.ms"
+    ):
         BrokerConfig.from_properties({"replica.lag.time.max.ms": "400"})
 
 

@@ -182,7 +182,7 @@ def check_random_operations(data):
         elif op == "tick":
             now += data.draw(st.integers(0, 20))
 
-            def check_expired(key, code):
+            def check_expired(key, code, now=now):
                 assert parked[key][2] <= now and code == TIMED_OUT
 
             record(p.expire(now), check_expired)

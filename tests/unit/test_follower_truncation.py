@@ -56,7 +56,9 @@ class Replica:
             self.log.append((epoch, payload))
 
 
-def settle(follower: Replica, leader: Replica, answer=None, max_rounds: int = 64) -> list[Truncation]:
+def settle(
+    follower: Replica, leader: Replica, answer=None, max_rounds: int = 64
+) -> list[Truncation]:
     """Truncate `follower` against `leader` as the fetcher does; the decisions, in order.
 
     `answer(epoch)` is the leader's OffsetForLeaderEpoch answer (default: its epoch cache)."""
@@ -262,10 +264,13 @@ def divergent_histories(draw):
     follower_empty_tail = draw(st.booleans())
     follower = Replica(logs["F"], high_watermark=draw(st.integers(0, len(prefix))))
     leader = Replica(logs["L"])
+    follower_last = max(
+        [e for e, o in zip(suffix_epochs, owners, strict=True) if o == "F"], default=None
+    )
     for epoch, owner in zip(suffix_epochs, owners, strict=True):
         side = leader if owner == "L" else follower
-        is_follower_last = owner == "F" and epoch == max(e for e, o in zip(suffix_epochs, owners) if o == "F")
-        count = 0 if (is_follower_last and follower_empty_tail) else draw(st.integers(1, 3))
+        empty = follower_empty_tail and epoch == follower_last  # led, then demoted before writing
+        count = 0 if empty else draw(st.integers(1, 3))
         side.lead(epoch)  # the epoch starts at that side's log end
         side.log += [(epoch, f"{owner}{side.log_end_offset + i}") for i in range(count)]
     leader.lead(max([last, *suffix_epochs]) + 1)
@@ -273,7 +278,7 @@ def divergent_histories(draw):
 
 
 def first_difference(a: list, b: list) -> int:
-    for offset, (x, y) in enumerate(zip(a, b)):
+    for offset, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return offset
     return min(len(a), len(b))

@@ -39,7 +39,9 @@ def test_make_leader_adds_itself_to_isr_and_caps_hw():
     assert moved is False  # followers have not fetched in this epoch: nothing to advance
     assert p.leader_epoch_start_offset == 10
     assert set(p.replicas) == {1, 2}
-    assert all(r.log_end_offset == -1 and r.last_caught_up_time_ms == 100 for r in p.replicas.values())
+    assert all(
+        r.log_end_offset == -1 and r.last_caught_up_time_ms == 100 for r in p.replicas.values()
+    )
 
 
 def test_make_leader_hw_floored_by_log_start():
@@ -180,7 +182,9 @@ def test_shrink_proposal_and_success():
     assert p.isr == {0, 1, 2} and p.high_watermark == 5
     assert p.maybe_shrink_isr(5_000, LAG_MS) is None  # one update at a time
     assert p.on_isr_update_succeeded((0, 1), 8) is True
-    assert p.isr == {0, 1} and p.zk_version == 8 and p.high_watermark == 10 and p.pending_isr is None
+    assert (
+        p.isr == {0, 1} and p.zk_version == 8 and p.high_watermark == 10 and p.pending_isr is None
+    )
 
 
 def test_shrink_never_drops_the_leader():

@@ -1,0 +1,190 @@
+"""Znode JSON: Kafka's layouts round-trip, Kafka-written data decodes, garbage is a ZnodeDataError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localcluster.coord.znode_data import (
+    BrokerRegistration,
+    LeaderAndIsr,
+    TopicAssignment,
+    ZnodeDataError,
+    decode_topic_config,
+    encode_topic_config,
+)
+
+BROKER_PATH = "/brokers/ids/3"
+TOPIC_PATH = "/brokers/topics/t"
+STATE_PATH = "/brokers/topics/t/partitions/0/state"
+CONFIG_PATH = "/config/topics/t"
+
+ids = st.lists(st.integers(0, 2**31 - 1), max_size=6).map(tuple)
+tables = st.dictionaries(st.integers(0, 10_000), ids, max_size=8)
+
+
+# -- broker registration ----------------------------------------------------------------------------
+
+
+def test_broker_registration_layout():
+    reg = BrokerRegistration(3, "127.0.0.1", 9092, "/tmp/b3.sock", rack="r1", pid=42,
+                             timestamp_ms=1_700_000_000_000)  # fmt: skip
+    value = json.loads(reg.encode())
+    assert value == {
+        "version": 5, "host": "127.0.0.1", "port": 9092, "endpoints": ["PLAINTEXT://127.0.0.1:9092"],
+        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"}, "jmx_port": -1, "rack": "r1",
+        "timestamp": "1700000000000", "unix_socket": "/tmp/b3.sock", "pid": 42,
+    }  # fmt: skip
+    assert BrokerRegistration.decode(3, BROKER_PATH, reg.encode()) == reg
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 1000), st.text(min_size=1, max_size=20), st.integers(0, 65535), st.text(max_size=30),
+       st.one_of(st.none(), st.text(max_size=10)), st.one_of(st.none(), st.integers(1, 2**22)),
+       st.integers(0, 2**45))  # fmt: skip
+def test_broker_registration_round_trip(broker_id, host, port, sock, rack, pid, ts):
+    reg = BrokerRegistration(broker_id, host, port, sock, rack, pid, ts)
+    assert BrokerRegistration.decode(broker_id, BROKER_PATH, reg.encode()) == reg
+
+
+def test_broker_registration_written_by_kafka():
+    data = (b'{"listener_security_protocol_map":{"PLAINTEXT":"PLAINTEXT"},"endpoints":'
+            b'["PLAINTEXT://kafka1:9092"],"jmx_port":-1,"host":"kafka1","timestamp":"1600000000000",'
+            b'"port":9092,"version":4}')  # fmt: skip
+    reg = BrokerRegistration.decode(1, BROKER_PATH, data)
+    assert reg == BrokerRegistration(1, "kafka1", 9092, "", None, None, 1_600_000_000_000)
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"", "does not hold JSON"),
+    (b"\xff\xfe", "does not hold JSON"),
+    (b"{not json", "does not hold JSON"),
+    (b"[1, 2]", "holds list, expected an object"),
+    (b'"host"', "holds str, expected an object"),
+    (b'{"port": 9092}', "lacks 'host'"),
+    (b'{"host": "h"}', "lacks 'port'"),
+    (b'{"host": "h", "port": "many"}', BROKER_PATH),
+    (b'{"host": "h", "port": 1, "timestamp": "soon"}', BROKER_PATH),
+])  # fmt: skip
+def test_broker_registration_garbage(data, match):
+    with pytest.raises(ZnodeDataError, match=match) as e:
+        BrokerRegistration.decode(3, BROKER_PATH, data)
+    assert BROKER_PATH in str(e.value)
+
+
+# -- topic assignment ---------------------------------------------------------------------------------
+
+
+def test_topic_assignment_layout():
+    ta = TopicAssignment({1: (2, 3), 0: (1, 2)}, adding_replicas={1: (3,)})
+    assert json.loads(ta.encode()) == {
+        "version": 2, "partitions": {"0": [1, 2], "1": [2, 3]}, "adding_replicas": {"1": [3]},
+        "removing_replicas": {},
+    }  # fmt: skip
+    assert TopicAssignment.decode(TOPIC_PATH, ta.encode()) == ta
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables, tables, tables)
+def test_topic_assignment_round_trip(partitions, adding, removing):
+    ta = TopicAssignment(partitions, adding, removing)
+    assert TopicAssignment.decode(TOPIC_PATH, ta.encode()) == ta
+
+
+def test_topic_assignment_version_1_written_by_kafka():
+    ta = TopicAssignment.decode(TOPIC_PATH, b'{"version":1,"partitions":{"1":[2,0],"0":[0,1]}}')
+    assert ta == TopicAssignment({0: (0, 1), 1: (2, 0)}, {}, {})
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"{}", "has no partitions"),
+    (b'{"version": 2}', "has no partitions"),
+    (b'{"partitions": [[1, 2]]}', "partitions is malformed"),
+    (b'{"partitions": null}', "partitions is malformed"),
+    (b'{"partitions": {"zero": [1]}}', "partitions is malformed"),
+    (b'{"partitions": {"0": [1, "x"]}}', "partitions is malformed"),
+    (b'{"partitions": {"0": 1}}', "partitions is malformed"),
+    (b'{"partitions": {"0": "12"}}', "partitions is malformed"),  # not the list [1, 2]
+    (b'{"partitions": {"0": [1]}, "adding_replicas": {"0": null}}', "adding_replicas is malformed"),
+    (b'{"partitions": {"0": [1]}, "removing_replicas": 7}', "removing_replicas is malformed"),
+    (b"[]", "holds list"),
+])  # fmt: skip
+def test_topic_assignment_garbage(data, match):
+    with pytest.raises(ZnodeDataError, match=match) as e:
+        TopicAssignment.decode(TOPIC_PATH, data)
+    assert TOPIC_PATH in str(e.value)
+
+
+# -- partition state ----------------------------------------------------------------------------------
+
+
+def test_partition_state_layout():
+    state = LeaderAndIsr(leader=2, leader_epoch=5, isr=(2, 0), controller_epoch=3)
+    assert json.loads(state.encode()) == {"version": 1, "leader": 2, "leader_epoch": 5,
+                                          "isr": [2, 0], "controller_epoch": 3}  # fmt: skip
+    assert LeaderAndIsr.decode(STATE_PATH, state.encode()) == state
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-1, 2**31 - 1), st.integers(0, 2**31 - 1), ids, st.integers(0, 2**31 - 1))
+def test_partition_state_round_trip(leader, epoch, isr, controller_epoch):
+    state = LeaderAndIsr(leader, epoch, isr, controller_epoch)
+    assert LeaderAndIsr.decode(STATE_PATH, state.encode()) == state
+
+
+def test_partition_state_written_by_kafka():
+    data = b'{"controller_epoch":1,"leader":1,"version":1,"leader_epoch":0,"isr":[1,2]}'
+    assert LeaderAndIsr.decode(STATE_PATH, data) == LeaderAndIsr(1, 0, (1, 2), 1)
+
+
+@pytest.mark.parametrize("data", [
+    b'{"leader": 1, "leader_epoch": 0, "isr": [1]}',
+    b'{"leader": 1, "isr": [1], "controller_epoch": 1}',
+    b'{"leader": "one", "leader_epoch": 0, "isr": [1], "controller_epoch": 1}',
+    b'{"leader": 1, "leader_epoch": 0, "isr": null, "controller_epoch": 1}',
+    b'{"leader": 1, "leader_epoch": 0, "isr": 1, "controller_epoch": 1}',
+    b'{"leader": 1, "leader_epoch": 0, "isr": "12", "controller_epoch": 1}',
+    b'{"leader": 1, "leader_epoch": 0, "isr": [{}], "controller_epoch": 1}',
+    b"null",
+    b"",
+])  # fmt: skip
+def test_partition_state_garbage(data):
+    with pytest.raises(ZnodeDataError, match=STATE_PATH):
+        LeaderAndIsr.decode(STATE_PATH, data)
+
+
+# -- topic config -------------------------------------------------------------------------------------
+
+
+def test_topic_config_round_trip():
+    config = {"min.insync.replicas": "2", "retention.ms": "1000"}
+    assert json.loads(encode_topic_config(config)) == {"version": 1, "config": config}
+    assert decode_topic_config(CONFIG_PATH, encode_topic_config(config)) == config
+    assert decode_topic_config(CONFIG_PATH, encode_topic_config({})) == {}
+    assert decode_topic_config(CONFIG_PATH, b'{"version": 1}') == {}
+    assert decode_topic_config(CONFIG_PATH, b'{"config": {"a": 1}}') == {"a": "1"}
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"[1]", b'{"config": [1]}', b'{"config": null}', b'{"config": "a=b"}']
+)
+def test_topic_config_garbage(data):
+    with pytest.raises(ZnodeDataError, match=CONFIG_PATH):
+        decode_topic_config(CONFIG_PATH, data)
+
+
+def test_encoding_is_canonical():
+    # sorted keys, no spaces: equal values are equal bytes (a conditional write compares nothing
+    # else, and the file backend's readers see stable content)
+    a = LeaderAndIsr(1, 2, (1, 2), 3).encode()
+    assert a == LeaderAndIsr(1, 2, (1, 2), 3).encode() and b" " not in a
+    assert (
+        TopicAssignment({1: (1,), 0: (0,)}).encode() == TopicAssignment({0: (0,), 1: (1,)}).encode()
+    )
+
+
+def test_znode_data_error_is_a_value_error():
+    assert issubclass(ZnodeDataError, ValueError)
