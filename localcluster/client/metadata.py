@@ -202,6 +202,8 @@ class Cluster:
                     request_timeout_ms=self.request_timeout_ms)  # fmt: skip
             except KafkaError:
                 self._last_failure[key] = time.monotonic()
+                if isinstance(key, int):
+                    self.request_metadata_refresh()  # a leader that is gone: who leads now?
                 raise
             old = self._connections.get(key)
             if old is not None:

@@ -10,6 +10,7 @@ conditions with deadlines.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 
 import pytest
@@ -33,6 +34,7 @@ from localcluster.protocol import fetch
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
 from localcluster.storage.record_batch import iter_batches
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -172,6 +174,34 @@ def test_producer_and_consumer_keep_working_across_a_broker_restart(brokers, bro
         got += consume_exactly(consumer, 51)
     assert [r.value for r in got] == expected
     assert [r.offset for r in got] == list(range(101))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("localcluster.controller.controller") is None,
+                    reason="needs the controller to elect a new leader")
+def test_producer_and_consumer_follow_the_leader_after_it_is_killed(brokers):
+    started = {i: brokers.start(i) for i in (1, 2)}
+    cluster = str(brokers.cluster_dir)
+    with Admin(cluster_dir=cluster) as admin, \
+            Producer(cluster_dir=cluster, acks="all", linger_ms=1, retry_backoff_ms=20) as producer, \
+            Consumer(cluster_dir=cluster, auto_offset_reset="earliest", retry_backoff_ms=20) as consumer:
+        admin.create_topic("failover", 1, 2)
+        wait_until(lambda: len(admin.wait_for_leaders("failover").partitions[0].isr) == 2, 10)
+        before = [producer.send("failover", f"a{i}".encode()) for i in range(100)]
+        producer.flush(20)
+        assert [f.result(0) for f in before] == [(0, i) for i in range(100)]
+        consumer.assign([("failover", 0)])
+        got = consume_exactly(consumer, 100)
+        old = admin.describe_topic("failover").partitions[0]
+        started[old.leader].kill()
+        after = [producer.send("failover", f"b{i}".encode()) for i in range(100)]
+        producer.flush(30)
+        assert [f.result(0) for f in after] == [(0, 100 + i) for i in range(100)]
+        new = admin.describe_topic("failover").partitions[0]
+        assert new.leader != old.leader and new.leader_epoch > old.leader_epoch
+        got += consume_exactly(consumer, 100)
+    assert [r.value for r in got] == [f"a{i}".encode() for i in range(100)] + [
+        f"b{i}".encode() for i in range(100)]  # fmt: skip
+    assert [r.offset for r in got] == list(range(200))
 
 
 def test_unreachable_cluster_is_a_clear_error(tmp_path):
