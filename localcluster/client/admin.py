@@ -52,6 +52,8 @@ class TopicDescription:
 class AsyncAdmin:
     def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
                  **settings):  # fmt: skip
+        config = dict(config or {})
+        bootstrap_servers = config.pop("bootstrap.servers", bootstrap_servers)
         self.config = resolve_config(DEFAULTS, config, settings)
         c = self.config
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],

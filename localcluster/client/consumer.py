@@ -142,6 +142,8 @@ def parse_records(tp: TopicPartition, data, fetch_offset: int, check_crcs: bool 
 class AsyncConsumer:
     def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
                  **settings):  # fmt: skip
+        config = dict(config or {})
+        bootstrap_servers = config.pop("bootstrap.servers", bootstrap_servers)
         self.config = resolve_config(DEFAULTS, config, settings)
         if self.config["auto.offset.reset"] not in RESET_POLICIES:
             raise ValueError(f"auto.offset.reset={self.config['auto.offset.reset']!r}: use "

@@ -151,6 +151,8 @@ def _headers(headers) -> tuple[tuple[str, bytes | None], ...]:
 class AsyncProducer:
     def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
                  **settings):  # fmt: skip
+        config = dict(config or {})
+        bootstrap_servers = config.pop("bootstrap.servers", bootstrap_servers)
         settings = dict(settings)
         acks = settings.pop("acks", (config or {}).get("acks", DEFAULTS["acks"]))
         config = {k: v for k, v in (config or {}).items() if k != "acks"}

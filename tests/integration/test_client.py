@@ -291,7 +291,7 @@ def test_admin_create_describe_list(brokers, broker):
 
 def test_our_records_read_by_confluent_kafka(broker):
     wanted = expected_records(200, "ours")
-    with Producer(bootstrap_servers=broker.bootstrap) as producer:
+    with Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"}) as producer:  # Kafka style
         futures = [producer.send("to-rd", v, key=k, headers=h, timestamp_ms=ts, partition=0)
                    for v, k, h, ts in wanted]  # fmt: skip
         producer.flush(20)
