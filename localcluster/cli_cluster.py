@@ -514,7 +514,10 @@ def logs(broker, keep_following, lines, cluster_dir):
     path = cluster.log_file(directory, broker_id)
     if not path.exists() and not keep_following:
         raise ClusterError(f"broker {broker_id} has no log yet ({path}); has it ever started?")
-    cluster_admin.follow(path, lambda text: click.echo(text, nl=False), lines, keep_following)
+    try:
+        cluster_admin.follow(path, lambda text: click.echo(text, nl=False), lines, keep_following)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how -f ends
 
 
 @click.command()

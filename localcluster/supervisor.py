@@ -22,7 +22,6 @@ import queue
 import signal
 import sys
 import threading
-import time
 from datetime import datetime
 from pathlib import Path
 
