@@ -134,6 +134,8 @@ def test_metadata_for_a_new_topic_auto_creates_it(broker):
     def listed():
         (topic,) = json.loads(kcat(broker, "-L", "-J", "-t", "never-produced-to"))["topics"]
         assert topic["topic"] == "never-produced-to"
-        return "error" not in topic and sorted((p["partition"], p["leader"]) for p in topic["partitions"])
+        partitions = sorted((p["partition"], p["leader"]) for p in topic["partitions"])
+        # The first answers may say LEADER_NOT_AVAILABLE (leader -1) while the topic is new.
+        return "error" not in topic and partitions and all(leader == 1 for _, leader in partitions) and partitions
 
     assert wait_until(listed, timeout_s=10) == [(0, 1), (1, 1), (2, 1)]
