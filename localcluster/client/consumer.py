@@ -237,12 +237,15 @@ class AsyncConsumer:
         ((-1, -1) when there is none)."""
         return await self.list_offsets(timestamps)
 
-    async def list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-        """ListOffsets to each partition's leader, retried on retriable errors."""
+    async def list_offsets(self, timestamps: Mapping[TopicPartition, int],
+                           timeout_ms: int | None = None) -> dict[TopicPartition, tuple[int, int]]:  # fmt: skip
+        """ListOffsets to each partition's leader, retried on retriable errors until
+        timeout_ms (default request.timeout.ms), then the last error is raised."""
         self.cluster.add_topics(tp[0] for tp in timestamps)
         remaining = dict(timestamps)
         out: dict[TopicPartition, tuple[int, int]] = {}
-        deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000
+        deadline = time.monotonic() + (self.config["request.timeout.ms"] if timeout_ms is None
+                                       else timeout_ms) / 1000  # fmt: skip
         while remaining:
             by_leader: dict[int, list[TopicPartition]] = {}
             for tp in remaining:
@@ -299,7 +302,7 @@ class AsyncConsumer:
                     self.cluster.request_metadata_refresh()
         return out
 
-    async def _reset_positions(self, tps: list[TopicPartition]) -> None:
+    async def _reset_positions(self, tps: list[TopicPartition], timeout_ms: int | None = None) -> None:
         policy = self.config["auto.offset.reset"]
         if policy == "none":
             for tp in tps:
@@ -308,7 +311,7 @@ class AsyncConsumer:
                     ErrorCode.offset_out_of_range)  # fmt: skip
             return
         timestamp = EARLIEST_TIMESTAMP if policy == "earliest" else LATEST_TIMESTAMP
-        offsets = await self.list_offsets({tp: timestamp for tp in tps})
+        offsets = await self.list_offsets({tp: timestamp for tp in tps}, timeout_ms)
         for tp, (offset, _) in offsets.items():
             state = self._assignment.get(tp)
             if state is not None and (state.position is None or state.pending_reset):
@@ -336,7 +339,14 @@ class AsyncConsumer:
             unset = [tp for tp, s in self._assignment.items()
                      if (s.position is None or s.pending_reset) and s.error is None]  # fmt: skip
             if unset:
-                await self._reset_positions(unset)
+                remaining_ms = int((deadline - loop.time()) * 1000)
+                try:
+                    await self._reset_positions(unset, max(remaining_ms, 0))
+                except KafkaError as e:
+                    if not e.retriable:
+                        raise
+                    if loop.time() >= deadline:
+                        return []  # no leader to ask yet; the next poll tries again
                 continue
             remaining = deadline - loop.time()
             self._send_fetches(max(0, min(self.config["fetch.max.wait.ms"], int(remaining * 1000))))

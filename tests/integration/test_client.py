@@ -259,6 +259,12 @@ def test_consumer_seek_position_and_partial_batches(brokers, broker):
         consumer.assign([tp])
         assert consumer.position(tp) == 100
 
+    with Consumer(cluster_dir=cluster, allow_auto_create_topics=False) as consumer:
+        consumer.assign([("missing", 0)])
+        started = time.monotonic()
+        assert consumer.poll(300) == []  # no leader to ask: poll still keeps its timeout
+        assert time.monotonic() - started < 5
+
 
 # -- admin -------------------------------------------------------------------------------------
 
