@@ -16,7 +16,13 @@ import struct
 import pytest
 
 from localcluster.protocol import fetch, messages, produce
-from localcluster.protocol.api import SUPPORTED, ApiKey, RequestHeader, is_flexible, write_request_header
+from localcluster.protocol.api import (
+    SUPPORTED,
+    ApiKey,
+    RequestHeader,
+    is_flexible,
+    write_request_header,
+)
 from localcluster.protocol.wire import Reader, Writer
 from localcluster.storage import Record, encode_batch, iter_batches, iter_records
 from localcluster.storage import record_batch as rb
@@ -97,7 +103,9 @@ class Raw:
                 version: int = 8) -> produce.ProducePartitionResponse:  # fmt: skip
         body = produce.write_produce_request(produce.ProduceRequest(
             None, acks, 10_000, [(topic, [produce.ProducePartition(partition, records)])]), version)  # fmt: skip
-        ((_, (result,)),) = produce.read_produce_response(self.request(ApiKey.PRODUCE, version, body), version)
+        ((_, (result,)),) = produce.read_produce_response(
+            self.request(ApiKey.PRODUCE, version, body), version
+        )
         return result
 
     def fetch(self, topic: str, partition: int, offset: int, max_wait_ms: int = 0,
@@ -105,7 +113,9 @@ class Raw:
         body = fetch.write_fetch_request(fetch.FetchRequest(
             -1, max_wait_ms, 1, 1 << 20, 0, [(topic, [fetch.FetchPartition(partition, offset, 1 << 20)])]),
             version)  # fmt: skip
-        error, ((_, (result,)),) = fetch.read_fetch_response(self.request(ApiKey.FETCH, version, body), version)
+        error, ((_, (result,)),) = fetch.read_fetch_response(
+            self.request(ApiKey.FETCH, version, body), version
+        )
         assert error == NONE
         return result
 
@@ -240,7 +250,9 @@ def test_a_frame_of_exactly_the_maximum_size_is_read(broker):
         header = Writer()
         write_request_header(header, RequestHeader(ApiKey.API_VERSIONS, 0, 7, "x"))
         padding = REQUEST_MAX_BYTES - len(header.buf)
-        raw.sock.sendall(struct.pack(">i", REQUEST_MAX_BYTES) + bytes(header.buf) + b"\x00" * padding)
+        raw.sock.sendall(
+            struct.pack(">i", REQUEST_MAX_BYTES) + bytes(header.buf) + b"\x00" * padding
+        )
         data = raw.recv_frame()
         assert data is not None and Reader(data).int32() == 7
     finally:
@@ -304,7 +316,9 @@ def fuzzed_bodies(api_key: int, version: int, count: int):
 
 
 @pytest.mark.parametrize("api_key, version", FUZZED)
-def test_fuzzed_bodies_behind_a_valid_header_never_hit_an_unexpected_error(broker, api_key, version):
+def test_fuzzed_bodies_behind_a_valid_header_never_hit_an_unexpected_error(
+    broker, api_key, version
+):
     """Every parser reports bad bytes as a malformed request (a logged close), never as an
     unexpected exception; a body that happens to parse is answered."""
     for body in fuzzed_bodies(api_key, version, 60):
@@ -367,7 +381,11 @@ def test_a_corrupt_batch_is_corrupt_message_and_nothing_is_appended(broker, muta
         assert result.error_code == CORRUPT_MESSAGE, result
         assert raw.list_offset(TOPIC, 0) == (NONE, end_before)
         at_end = raw.fetch(TOPIC, 0, end_before)
-        assert at_end.error_code == NONE and at_end.records == [] and at_end.high_watermark == end_before
+        assert (
+            at_end.error_code == NONE
+            and at_end.records == []
+            and at_end.high_watermark == end_before
+        )
         # The same connection stays usable: a produce error is an answer, not a close.
         good = raw.produce(TOPIC, 0, batch(b"fine"))
         assert (good.error_code, good.base_offset) == (NONE, end_before)
@@ -428,11 +446,15 @@ def test_acks_0_with_a_corrupt_batch_sends_nothing_and_appends_nothing(broker):
         raw.close()
 
 
-@pytest.mark.parametrize("topic, partition", [("no-such-topic", 0), (TOPIC, 2), (TOPIC, 99), (TOPIC, -1)])
+@pytest.mark.parametrize(
+    "topic, partition", [("no-such-topic", 0), (TOPIC, 2), (TOPIC, 99), (TOPIC, -1)]
+)
 def test_unknown_topics_and_partitions(broker, topic, partition):
     raw = Raw(broker.port)
     try:
-        assert raw.produce(topic, partition, batch(b"lost")).error_code == UNKNOWN_TOPIC_OR_PARTITION
+        assert (
+            raw.produce(topic, partition, batch(b"lost")).error_code == UNKNOWN_TOPIC_OR_PARTITION
+        )
         assert raw.fetch(topic, partition, 0).error_code == UNKNOWN_TOPIC_OR_PARTITION
         assert raw.list_offset(topic, partition)[0] == UNKNOWN_TOPIC_OR_PARTITION
     finally:
@@ -444,7 +466,9 @@ def test_a_produce_for_an_unknown_topic_does_not_create_it(broker):
     raw = Raw(broker.port)
     try:
         assert raw.produce("never-created", 0, batch(b"v")).error_code == UNKNOWN_TOPIC_OR_PARTITION
-        body = messages.encode_request(ApiKey.METADATA, 8, {"topics": None, "allow_auto_topic_creation": False})
+        body = messages.encode_request(
+            ApiKey.METADATA, 8, {"topics": None, "allow_auto_topic_creation": False}
+        )
         reader = raw.request(ApiKey.METADATA, 8, body)
         listed = messages.decode_response(ApiKey.METADATA, 8, reader.buf, reader.pos)
         assert "never-created" not in {t.name for t in listed.topics}
@@ -483,13 +507,18 @@ def test_the_broker_survived_the_whole_module(broker):
     no_unexpected_errors(broker)
 
 
-@pytest.mark.parametrize("name", ["bad-inpu\x10", "a/b", "..", ".", "trailing-newline\n", "x" * 250, ""])
+@pytest.mark.parametrize(
+    "name", ["bad-inpu\x10", "a/b", "..", ".", "trailing-newline\n", "x" * 250, ""]
+)
 def test_metadata_for_an_illegal_topic_name_is_an_error_not_a_close(broker, name):
     """Regression: an illegal name went to the store as a znode path; the store refused it
     ('\\x10') and the broker closed the connection with an unexpected error."""
     raw = Raw(broker.port)
     try:
-        for allow_auto_create, expected in ((False, UNKNOWN_TOPIC_OR_PARTITION), (True, INVALID_TOPIC_EXCEPTION)):
+        for allow_auto_create, expected in (
+            (False, UNKNOWN_TOPIC_OR_PARTITION),
+            (True, INVALID_TOPIC_EXCEPTION),
+        ):
             body = messages.encode_request(ApiKey.METADATA, 8, {"topics": [{"name": name}],
                                                                 "allow_auto_topic_creation": allow_auto_create})  # fmt: skip
             reader = raw.request(ApiKey.METADATA, 8, body)
@@ -498,7 +527,9 @@ def test_metadata_for_an_illegal_topic_name_is_an_error_not_a_close(broker, name
         body = messages.encode_request(ApiKey.CREATE_TOPICS, 4, {"timeout": 5000, "topics": [
             {"name": name, "num_partitions": 1, "replication_factor": 1}]})  # fmt: skip
         reader = raw.request(ApiKey.CREATE_TOPICS, 4, body)
-        (created,) = messages.decode_response(ApiKey.CREATE_TOPICS, 4, reader.buf, reader.pos).topics
+        (created,) = messages.decode_response(
+            ApiKey.CREATE_TOPICS, 4, reader.buf, reader.pos
+        ).topics
         assert created.error_code == INVALID_TOPIC_EXCEPTION, created
     finally:
         raw.close()

@@ -63,7 +63,7 @@ def create_topic(broker, name: str, partitions: int) -> None:
     # CreateTopics answers once the topic is in the store; the leader takes the partitions up
     # just after (librdkafka retries meanwhile; the raw fetches below do not).
     for partition in range(partitions):
-        wait_until(lambda: led(broker, name, partition), timeout_s=10,
+        wait_until(lambda partition=partition: led(broker, name, partition), timeout_s=10,
                    message=f"broker 1 leads {name}-{partition}")  # fmt: skip
 
 
@@ -101,7 +101,9 @@ def produce_all(p: Producer, messages: list[dict]) -> list:
     return delivered
 
 
-def consume_until_eof(c: Consumer, partitions: set[int], timeout_s: float = 20) -> tuple[list, dict]:
+def consume_until_eof(
+    c: Consumer, partitions: set[int], timeout_s: float = 20
+) -> tuple[list, dict]:
     """Every message until each of `partitions` reported EOF; (messages, {partition: eof offset})."""
     out, eof = [], {}
     deadline = time.monotonic() + timeout_s
@@ -133,7 +135,9 @@ def test_producer_acks_all_and_assigned_consumer_round_trip_exactly(broker):
             "timestamp": base_ts + 1000 * i - (i % 4) * 7,  # not monotonic within a partition
         })  # fmt: skip
     delivered = produce_all(producer(broker), sent)
-    by_partition = {p: sorted(m.offset() for m in delivered if m.partition() == p) for p in range(3)}
+    by_partition = {
+        p: sorted(m.offset() for m in delivered if m.partition() == p) for p in range(3)
+    }
     assert by_partition == {p: list(range(20)) for p in range(3)}
 
     c = consumer(broker)
@@ -208,7 +212,15 @@ def test_offsets_for_times_and_watermarks(broker):
     try:
         assert c.get_watermark_offsets(TopicPartition(topic, 1), timeout=10, cached=False) == (0, 5)
         assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False) == (0, 0)
-        queries = {5_000: 0, 10_000: 0, 15_000: 1, 20_000: 1, 25_000: 3, 40_000: 4, 40_001: OFFSET_END}
+        queries = {
+            5_000: 0,
+            10_000: 0,
+            15_000: 1,
+            20_000: 1,
+            25_000: 3,
+            40_000: 4,
+            40_001: OFFSET_END,
+        }
         for ts, offset in queries.items():
             (found,) = c.offsets_for_times([TopicPartition(topic, 1, ts)], timeout=10)
             assert (found.partition, found.offset, found.error) == (1, offset, None), ts
@@ -221,7 +233,9 @@ def test_offsets_for_times_and_watermarks(broker):
 def test_consumers_read_up_to_the_high_watermark_and_no_further(broker):
     topic = "watermark"
     create_topic(broker, topic, 1)
-    produce_all(producer(broker), [{"topic": topic, "partition": 0, "value": b"w%d" % i} for i in range(25)])
+    produce_all(
+        producer(broker), [{"topic": topic, "partition": 0, "value": b"w%d" % i} for i in range(25)]
+    )
     c = consumer(broker)
     try:
         low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
@@ -374,7 +388,10 @@ def test_parked_fetches_on_many_connections_all_wake(broker):
     try:
         for f in fetchers:
             f.send_fetch(topic, 0, max_wait_ms=15_000, min_bytes=1)
-        produce_all(producer(broker, **{"linger.ms": 0}), [{"topic": topic, "partition": 0, "value": b"all"}])
+        produce_all(
+            producer(broker, **{"linger.ms": 0}),
+            [{"topic": topic, "partition": 0, "value": b"all"}],
+        )
         results: list = []
         threads = [threading.Thread(target=lambda f=f: results.append(f.answered_within(5.0) and f.recv_fetch()))
                    for f in fetchers]  # fmt: skip

@@ -49,7 +49,9 @@ def poll_exactly(consumer: KafkaConsumer, count: int, timeout_s: float = 20) -> 
     out = []
     deadline = time.monotonic() + timeout_s
     while len(out) < count:
-        assert time.monotonic() < deadline, f"only {len(out)} of {count} records within {timeout_s} s"
+        assert time.monotonic() < deadline, (
+            f"only {len(out)} of {count} records within {timeout_s} s"
+        )
         for records in consumer.poll(timeout_ms=200).values():
             out.extend(records)
     assert len(out) == count, f"{len(out) - count} records more than were produced"
@@ -118,7 +120,11 @@ def test_consumer_seek_offsets_and_times(broker, admin):
         assert consumer.offsets_for_times({tp: 10**12})[tp] is None
         consumer.assign([tp])
         consumer.seek(tp, 7)
-        assert [(r.offset, r.value) for r in poll_exactly(consumer, 3)] == [(7, b"v7"), (8, b"v8"), (9, b"v9")]
+        assert [(r.offset, r.value) for r in poll_exactly(consumer, 3)] == [
+            (7, b"v7"),
+            (8, b"v8"),
+            (9, b"v9"),
+        ]
         assert consumer.position(tp) == 10
     finally:
         consumer.close()

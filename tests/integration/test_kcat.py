@@ -38,11 +38,15 @@ def broker(tmp_path_factory):
 def kcat(broker, *args: str, input: str | None = None) -> str:
     result = subprocess.run([KCAT, "-b", broker.bootstrap, "-X", "log_level=3", *args], input=input,
                             capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
-    assert result.returncode == 0, f"kcat {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"kcat {' '.join(args)} exited {result.returncode}:\n{result.stderr}"
+    )
     return result.stdout
 
 
-def produce_lines(broker, topic: str, partition: int, lines: list[str], key_delimiter: str | None = ":"):
+def produce_lines(
+    broker, topic: str, partition: int, lines: list[str], key_delimiter: str | None = ":"
+):
     args = ["-P", "-t", topic, "-p", str(partition)]
     if key_delimiter is not None:
         args += ["-K", key_delimiter]
@@ -67,7 +71,9 @@ def test_lines_with_keys_and_partitions_come_back_identical(broker):
     got = consume_all(broker, topic)
     assert {m["topic"] for m in got} == {topic}
     for partition, lines in sent.items():
-        messages = sorted((m for m in got if m["partition"] == partition), key=lambda m: m["offset"])
+        messages = sorted(
+            (m for m in got if m["partition"] == partition), key=lambda m: m["offset"]
+        )
         assert [m["offset"] for m in messages] == list(range(len(lines)))
         expected = [line.split(":", 1) for line in lines]
         assert [[m["key"] or "", m["payload"]] for m in messages] == expected, partition
@@ -78,7 +84,9 @@ def test_a_second_produce_appends_after_the_first(broker):
     topic = "kcat-append"
     produce_lines(broker, topic, 0, ["one", "two"], key_delimiter=None)
     produce_lines(broker, topic, 0, ["three"], key_delimiter=None)
-    got = [(m["partition"], m["offset"], m["key"], m["payload"]) for m in consume_all(broker, topic)]
+    got = [
+        (m["partition"], m["offset"], m["key"], m["payload"]) for m in consume_all(broker, topic)
+    ]
     assert got == [(0, 0, None, "one"), (0, 1, None, "two"), (0, 2, None, "three")]
 
 
@@ -124,7 +132,9 @@ def test_metadata_lists_the_broker_and_the_topic(broker):
     everything = json.loads(kcat(broker, "-L", "-J"))
     assert topic in {t["topic"] for t in everything["topics"]}
     text = kcat(broker, "-L")
-    assert f"broker 1 at {broker.bootstrap}" in text and f'topic "{topic}" with 3 partitions' in text
+    assert (
+        f"broker 1 at {broker.bootstrap}" in text and f'topic "{topic}" with 3 partitions' in text
+    )
 
 
 def test_metadata_for_a_new_topic_auto_creates_it(broker):
@@ -136,6 +146,11 @@ def test_metadata_for_a_new_topic_auto_creates_it(broker):
         assert topic["topic"] == "never-produced-to"
         partitions = sorted((p["partition"], p["leader"]) for p in topic["partitions"])
         # The first answers may say LEADER_NOT_AVAILABLE (leader -1) while the topic is new.
-        return "error" not in topic and partitions and all(leader == 1 for _, leader in partitions) and partitions
+        return (
+            "error" not in topic
+            and partitions
+            and all(leader == 1 for _, leader in partitions)
+            and partitions
+        )
 
     assert wait_until(listed, timeout_s=10) == [(0, 1), (1, 1), (2, 1)]

@@ -258,7 +258,9 @@ def test_pipelined_requests_are_answered_in_order(broker):
         raw.sock.sendall(frames)
         for api_key, version, correlation_id in expected:
             data, offset = raw.recv(api_key, version, correlation_id)
-            check_response(api_key, version, messages.decode_response(api_key, version, data, offset))
+            check_response(
+                api_key, version, messages.decode_response(api_key, version, data, offset)
+            )
     finally:
         raw.close()
 
@@ -285,7 +287,12 @@ def test_an_unadvertised_version_closes_only_that_connection(broker, api_key, ve
         assert broker.is_alive()
         # A connection opened before the bad one is still served.
         assert other.request(ApiKey.API_VERSIONS, 3, api_versions_body(3)).error_code == 0
-        assert other.request(ApiKey.METADATA, 8, sample_request(ApiKey.METADATA, 8)).topics[0].error_code == 0
+        assert (
+            other.request(ApiKey.METADATA, 8, sample_request(ApiKey.METADATA, 8))
+            .topics[0]
+            .error_code
+            == 0
+        )
     finally:
         bad.close()
         other.close()

@@ -41,7 +41,9 @@ def test_a_null_client_id_is_none():
 
 def test_a_v2_header_skips_its_tagged_fields():
     # ApiVersions v3 is flexible: header v2 = v1 + tagged fields (here two, with payloads).
-    tagged = Writer().uvarint(2).uvarint(0).uvarint(3).bytes(b"xyz").uvarint(5).uvarint(1).bytes(b"q")
+    tagged = (
+        Writer().uvarint(2).uvarint(0).uvarint(3).bytes(b"xyz").uvarint(5).uvarint(1).bytes(b"q")
+    )
     data = header_v1(ApiKey.API_VERSIONS, 3, 9, b"librdkafka") + tagged.getvalue() + b"\x07BODY"
     reader = Reader(data)
     assert read_request_header(reader) == RequestHeader(18, 3, 9, "librdkafka")

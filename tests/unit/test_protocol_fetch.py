@@ -64,7 +64,8 @@ def test_request_round_trip_and_kio_agrees(version, data):
                                              for p in ps]) for name, ps in request.topics]  # fmt: skip
     if version >= 9:
         assert [p.current_leader_epoch for t in kio.topics for p in t.partitions] == [
-            p.current_leader_epoch for _, ps in request.topics for p in ps]
+            p.current_leader_epoch for _, ps in request.topics for p in ps
+        ]
     if version >= 11:
         assert kio.rack_id == request.rack_id
 
@@ -81,7 +82,9 @@ def test_forgotten_topics_are_read_and_ignored():
     reader = Reader(body)
     request = read_fetch_request(reader, 11)
     assert reader.remaining() == 0
-    assert request.topics == [("t", [FetchPartition(2, 10, 100, 4, -1)])] and request.rack_id == "r1"
+    assert (
+        request.topics == [("t", [FetchPartition(2, 10, 100, 4, -1)])] and request.rack_id == "r1"
+    )
 
 
 def partition_responses(version: int):
@@ -95,7 +98,9 @@ def partition_responses(version: int):
 
 
 def join(parts: list) -> bytes:
-    return b"".join(os.pread(p.fd, p.length, p.position) if hasattr(p, "length") else bytes(p) for p in parts)
+    return b"".join(
+        os.pread(p.fd, p.length, p.position) if hasattr(p, "length") else bytes(p) for p in parts
+    )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -113,7 +118,9 @@ def test_response_round_trip_and_kio_agrees(version, data):
         return (p.partition, p.error_code, p.high_watermark, p.last_stable_offset, p.log_start_offset,
                 b"".join(bytes(r) for r in p.records))  # fmt: skip
 
-    assert [(n, [fields(p) for p in ps]) for n, ps in parsed] == [(n, [fields(p) for p in ps]) for n, ps in responses]
+    assert [(n, [fields(p) for p in ps]) for n, ps in parsed] == [
+        (n, [fields(p) for p in ps]) for n, ps in responses
+    ]
     kio = messages.decode_response(ApiKey.FETCH, version, frame)
     assert [(t.topic, [(p.partition_index, p.error_code, p.high_watermark, p.records or b"") for p in t.partitions])
             for t in kio.responses] == [(n, [(p.partition, p.error_code, p.high_watermark,

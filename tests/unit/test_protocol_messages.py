@@ -19,10 +19,14 @@ KIO_DECODED = [(k, v) for k in (ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.CRE
                if k in SUPPORTED for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]  # fmt: skip
 
 
-@pytest.mark.parametrize("version", range(SUPPORTED[ApiKey.METADATA].min, SUPPORTED[ApiKey.METADATA].max + 1))
+@pytest.mark.parametrize(
+    "version", range(SUPPORTED[ApiKey.METADATA].min, SUPPORTED[ApiKey.METADATA].max + 1)
+)
 def test_metadata_request_topics_round_trip_including_null(version):
     """Regression: v1+ topics is a nullable array of entities; build() passed the dicts to kio."""
-    data = messages.encode_request(ApiKey.METADATA, version, {"topics": [{"name": "a"}, {"name": "b"}]})
+    data = messages.encode_request(
+        ApiKey.METADATA, version, {"topics": [{"name": "a"}, {"name": "b"}]}
+    )
     decoded = messages.decode_request(ApiKey.METADATA, version, data, 0)
     assert [t.name for t in decoded.topics] == ["a", "b"]
     if version >= 1:  # null means every topic
@@ -36,16 +40,22 @@ def test_missing_fields_get_zero_values_and_unknown_fields_are_dropped():
                     {"name": "t", "error_code": 0, "partitions": [
                         {"error_code": 0, "partition_index": 0, "leader_id": 1, "leader_epoch": 3,
                          "replica_nodes": [1], "isr_nodes": [1], "offline_replicas": []}]}]}  # fmt: skip
-    v0 = messages.decode_response(ApiKey.METADATA, 0, messages.encode_response(ApiKey.METADATA, 0, response))
+    v0 = messages.decode_response(
+        ApiKey.METADATA, 0, messages.encode_response(ApiKey.METADATA, 0, response)
+    )
     assert [(b.node_id, b.host, b.port) for b in v0.brokers] == [(1, "h", 9092)]
     assert not hasattr(v0, "cluster_id")  # v0 lacks it: dropped, not an error
-    v8 = messages.decode_response(ApiKey.METADATA, 8, messages.encode_response(ApiKey.METADATA, 8, response))
+    v8 = messages.decode_response(
+        ApiKey.METADATA, 8, messages.encode_response(ApiKey.METADATA, 8, response)
+    )
     assert v8.cluster_id == "c" and v8.topics[0].partitions[0].leader_epoch == 3
     assert v8.throttle_time == timedelta(0) and v8.topics[0].is_internal is False  # zero-filled
 
 
 def test_durations_are_milliseconds_and_error_codes_plain_ints():
-    data = messages.encode_response(ApiKey.API_VERSIONS, 1, {"error_code": 35, "api_keys": [], "throttle_time": 250})
+    data = messages.encode_response(
+        ApiKey.API_VERSIONS, 1, {"error_code": 35, "api_keys": [], "throttle_time": 250}
+    )
     decoded = messages.decode_response(ApiKey.API_VERSIONS, 1, data)
     assert decoded.error_code == 35 and decoded.throttle_time == timedelta(milliseconds=250)
 

@@ -66,8 +66,13 @@ def test_request_round_trip_and_kio_agrees(version, request):
     # kio reads our bytes as the same request ...
     kio = messages.decode_request(ApiKey.PRODUCE, version, data, 0)
     assert (kio.transactional_id, kio.acks, kio.timeout // timedelta(milliseconds=1)) == (
-        request.transactional_id, request.acks, request.timeout_ms)
-    assert [(t.name, [(p.index, p.records) for p in t.partition_data]) for t in kio.topic_data] == as_tuples(request)[3]
+        request.transactional_id,
+        request.acks,
+        request.timeout_ms,
+    )
+    assert [
+        (t.name, [(p.index, p.records) for p in t.partition_data]) for t in kio.topic_data
+    ] == as_tuples(request)[3]
     # ... and writes exactly our bytes.
     assert messages.encode_request(ApiKey.PRODUCE, version, {
         "transactional_id": request.transactional_id, "acks": request.acks, "timeout": request.timeout_ms,
@@ -78,7 +83,9 @@ def test_request_round_trip_and_kio_agrees(version, request):
 
 def test_request_records_stay_views_into_the_frame():
     batch = encode_batch([Record(b"zero-copy")])
-    frame = bytearray(write_produce_request(ProduceRequest(None, 1, 5, [("t", [ProducePartition(0, batch)])]), 3))
+    frame = bytearray(
+        write_produce_request(ProduceRequest(None, 1, 5, [("t", [ProducePartition(0, batch)])]), 3)
+    )
     parsed = read_produce_request(Reader(frame), 3)
     records = parsed.topics[0][1][0].records
     assert isinstance(records, memoryview) and records.obj is frame
@@ -86,7 +93,11 @@ def test_request_records_stay_views_into_the_frame():
 
 @pytest.mark.parametrize("version", VERSIONS)
 @FAST
-@given(responses=st.lists(st.tuples(topic_names, st.lists(partition_responses, max_size=3)), max_size=3))
+@given(
+    responses=st.lists(
+        st.tuples(topic_names, st.lists(partition_responses, max_size=3)), max_size=3
+    )
+)
 def test_response_round_trip_and_kio_agrees(version, responses):
     data = write_produce_response(responses, version)
     reader = Reader(data)
@@ -97,14 +108,17 @@ def test_response_round_trip_and_kio_agrees(version, responses):
         return (p.partition, p.error_code, p.base_offset, p.log_append_time_ms,
                 p.log_start_offset if version >= 5 else -1, p.error_message if version >= 8 else None)  # fmt: skip
 
-    assert [(n, [fields(p) for p in ps]) for n, ps in parsed] == [(n, [fields(p) for p in ps]) for n, ps in responses]
+    assert [(n, [fields(p) for p in ps]) for n, ps in parsed] == [
+        (n, [fields(p) for p in ps]) for n, ps in responses
+    ]
     kio = messages.decode_response(ApiKey.PRODUCE, version, data)
     assert [(t.name, [(p.index, p.error_code, p.base_offset) for p in t.partition_responses])
             for t in kio.responses] == [(n, [(p.partition, p.error_code, p.base_offset) for p in ps])
                                         for n, ps in responses]  # fmt: skip
     if version >= 8:
         assert [p.error_message for t in kio.responses for p in t.partition_responses] == [
-            p.error_message for _, ps in responses for p in ps]
+            p.error_message for _, ps in responses for p in ps
+        ]
 
 
 @pytest.mark.parametrize("version", VERSIONS)

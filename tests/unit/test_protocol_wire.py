@@ -61,7 +61,9 @@ def test_array_lengths_must_fit_the_frame():
     with pytest.raises(MalformedRequestError, match="cannot fit"):
         Reader(struct.pack(">i", 5) + b"\x00" * 4).array_length()
     with pytest.raises(MalformedRequestError):
-        Reader(struct.pack(">i", MAX_ARRAY_LENGTH + 1) + b"\x00" * (MAX_ARRAY_LENGTH + 1)).array_length()
+        Reader(
+            struct.pack(">i", MAX_ARRAY_LENGTH + 1) + b"\x00" * (MAX_ARRAY_LENGTH + 1)
+        ).array_length()
     assert Reader(struct.pack(">i", 3) + b"\x00" * 3).array_length() == 3
     assert Reader(struct.pack(">i", -1)).array_length() == 0  # a null array reads as empty
 
@@ -80,7 +82,9 @@ def test_tagged_fields_are_skipped_and_bounded():
     reader.skip_tagged_fields()
     assert reader.int8() == 42
     with pytest.raises(MalformedRequestError):
-        Reader(Writer().uvarint(1).uvarint(0).uvarint(50).bytes(b"short").getvalue()).skip_tagged_fields()
+        Reader(
+            Writer().uvarint(1).uvarint(0).uvarint(50).bytes(b"short").getvalue()
+        ).skip_tagged_fields()
 
 
 @FAST
