@@ -140,7 +140,10 @@ def _as_bytes(value) -> bytes | None:
         return value
     if isinstance(value, str):
         return value.encode()
-    return bytes(value)
+    try:
+        return bytes(memoryview(value))  # bytearray, memoryview, numpy buffers; never an int
+    except TypeError:
+        raise TypeError(f"expected bytes, str or None, got {type(value).__name__}") from None
 
 
 def _headers(headers) -> tuple[tuple[str, bytes | None], ...]:
