@@ -535,3 +535,39 @@ def test_metadata_for_an_illegal_topic_name_is_an_error_not_a_close(broker, name
         raw.close()
     no_unexpected_errors(broker)
     assert_still_serving(broker)
+
+
+# -- good input at the edges ------------------------------------------------------------------
+
+
+def test_several_batches_in_one_produce_get_consecutive_offsets(broker):
+    raw = Raw(broker.port)
+    try:
+        _, end_before = raw.list_offset(TOPIC, 1)
+        # The client's base offsets and leader epochs are garbage; the leader rewrites them.
+        first = bytearray(batch(b"b1-a", b"b1-b"))
+        struct.pack_into(">qii", first, 0, 12345, len(first) - 12, 99)
+        second = batch(b"b2-a", b"b2-b", b"b2-c")
+        result = raw.produce(TOPIC, 1, bytes(first) + second)
+        assert (result.error_code, result.base_offset) == (NONE, end_before)
+        assert raw.list_offset(TOPIC, 1) == (NONE, end_before + 5)
+        fetched = records_of(raw.fetch(TOPIC, 1, end_before))
+        assert [(r.offset, r.value) for r in fetched] == [
+            (end_before + i, v) for i, v in enumerate([b"b1-a", b"b1-b", b"b2-a", b"b2-b", b"b2-c"])
+        ]
+    finally:
+        raw.close()
+
+
+def test_metadata_v0_with_no_topics_lists_every_topic_and_v1_lists_none(broker):
+    raw = Raw(broker.port)
+    try:
+        listed = {}
+        for version in (0, 1):
+            body = messages.encode_request(ApiKey.METADATA, version, {"topics": []})
+            reader = raw.request(ApiKey.METADATA, version, body)
+            response = messages.decode_response(ApiKey.METADATA, version, reader.buf, reader.pos)
+            listed[version] = {t.name for t in response.topics}
+        assert {TOPIC, GOOD} <= listed[0] and listed[1] == set()
+    finally:
+        raw.close()

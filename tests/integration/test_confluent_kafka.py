@@ -403,3 +403,58 @@ def test_parked_fetches_on_many_connections_all_wake(broker):
         for f in fetchers:
             f.close()
     assert len(results) == 8 and all(r and r.high_watermark == 1 for r in results), results
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches_are_stored_verbatim_and_read_back(broker, codec):
+    topic = f"compressed-{codec}"
+    create_topic(broker, topic, 1)
+    values = [b"%s-%d-" % (codec.encode(), i) + b"abc" * (i % 50) for i in range(200)]
+    produce_all(producer(broker, **{"compression.type": codec, "linger.ms": 20}),
+                [{"topic": topic, "partition": 0, "value": v, "key": b"%d" % i}
+                 for i, v in enumerate(values)])  # fmt: skip
+    c = consumer(broker)
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        received, eof = consume_until_eof(c, {0})
+    finally:
+        c.close()
+    assert [(m.offset(), m.key(), m.value()) for m in received] == [
+        (i, b"%d" % i, v) for i, v in enumerate(values)
+    ]
+    assert eof == {0: 200}
+
+
+@pytest.mark.parametrize("acks", ["0", "1"])
+def test_acks_0_and_1_round_trip(broker, acks):
+    topic = f"acks-{acks}"
+    create_topic(broker, topic, 2)
+    values = [b"acks-%s-%d" % (acks.encode(), i) for i in range(50)]
+    produce_all(producer(broker, acks=acks),
+                [{"topic": topic, "partition": i % 2, "value": v} for i, v in enumerate(values)])  # fmt: skip
+    c = consumer(broker)
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(2)])
+        received, eof = consume_until_eof(c, {0, 1})
+    finally:
+        c.close()
+    assert sorted(m.value() for m in received) == sorted(values)
+    assert eof == {0: 25, 1: 25}
+
+
+def test_records_larger_than_the_consumers_fetch_sizes_still_arrive(broker):
+    """KIP-74: the first batch of a fetch is returned whole even over max.partition.fetch.bytes,
+    so a consumer with small fetch sizes makes progress; batches beyond the limit may be cut
+    (a partial batch at the end), which clients drop and fetch again."""
+    topic = "small-fetches"
+    create_topic(broker, topic, 1)
+    values = [bytes([65 + i % 26]) * (3000 + i) for i in range(12)]
+    produce_all(producer(broker, **{"linger.ms": 0}),
+                [{"topic": topic, "partition": 0, "value": v} for v in values])  # fmt: skip
+    c = consumer(broker, **{"max.partition.fetch.bytes": 1000, "fetch.max.bytes": 1000})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        received, eof = consume_until_eof(c, {0})
+    finally:
+        c.close()
+    assert [(m.offset(), m.value()) for m in received] == list(enumerate(values))
