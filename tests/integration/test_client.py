@@ -220,7 +220,9 @@ def test_consumer_seek_position_and_partial_batches(brokers, broker):
             records = [Record(f"{b}-{i}".encode() * 20, timestamp=T0 + b * 10 + i) for i in range(10)]
             producer.send_batch("seek", 0, records).result(20)
     values = [f"{b}-{i}".encode() * 20 for b in range(10) for i in range(10)]
-    # 1500 bytes per partition fetch: every response after the first batch ends in a partial one
+    # 1500 bytes per partition fetch, about one batch: many small fetches. (This broker answers
+    # whole batches only; the partial batch a Kafka broker may end with is tested against a
+    # fake broker in tests/unit/test_client_consumer.py.)
     with Consumer(cluster_dir=cluster, max_partition_fetch_bytes=1500, max_poll_records=7,
                   auto_offset_reset="none") as consumer:  # fmt: skip
         tp = ("seek", 0)
