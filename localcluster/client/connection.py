@@ -276,20 +276,25 @@ class BrokerConnection:
                 released = True
                 await self._drain()
                 return None
-            future = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
             self._pending.append(_Pending(correlation_id, api_key, version, future))
             await self._drain()
             timeout_s = (timeout_ms if timeout_ms is not None else self.request_timeout_ms) / 1000
+            timer = loop.call_later(timeout_s, self._time_out, future, api_key, timeout_s)
             try:
-                return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-            except TimeoutError:
-                self._fail(RequestTimedOutError(
-                    f"{_api_name(api_key)} to broker at {self.address} unanswered after "
-                    f"{timeout_s * 1000:.0f} ms; connection closed"))  # fmt: skip
-                raise self._closed from None
+                return await future
+            finally:
+                timer.cancel()
         finally:
             if not released:
                 self._slots.release()
+
+    def _time_out(self, future: asyncio.Future, api_key: int, timeout_s: float) -> None:
+        if not future.done():  # fails every outstanding request, this one included
+            self._fail(RequestTimedOutError(
+                f"{_api_name(api_key)} to broker at {self.address} unanswered after "
+                f"{timeout_s * 1000:.0f} ms; connection closed"))  # fmt: skip
 
     async def _drain(self) -> None:
         try:
