@@ -506,9 +506,23 @@ def wait_controller(spec: ClusterSpec, grace_s: float) -> int | None:
             time.sleep(0.02)
 
 
-def stop_brokers(cluster_dir: Path, targets: dict[int, int], timeout_s: float = STOP_TIMEOUT_S) -> dict:
+def stop_brokers(cluster_dir: Path, targets: dict[int, int], timeout_s: float = STOP_TIMEOUT_S,
+                 last: int | None = None) -> dict:  # fmt: skip
     """SIGTERM each {broker id: pid}, wait, SIGKILL (the whole process group) who is left.
-    Returns {"stopped": [...], "killed": [...]}."""
+    `last` (the controller) is stopped after the others: their controlled shutdowns need a
+    controller that answers. Returns {"stopped": [...], "killed": [...]}."""
+    phases = [{b: p for b, p in targets.items() if b != last}]
+    if last in targets:
+        phases.append({last: targets[last]})
+    stopped, killed = [], []
+    for phase in phases:
+        result = _stop_phase(phase, timeout_s)
+        stopped += result["stopped"]
+        killed += result["killed"]
+    return {"stopped": sorted(stopped), "killed": sorted(killed)}
+
+
+def _stop_phase(targets: dict[int, int], timeout_s: float) -> dict:
     for pid in targets.values():
         state = process_state(pid)
         send_signal(pid, signal.SIGTERM)
@@ -524,6 +538,15 @@ def stop_brokers(cluster_dir: Path, targets: dict[int, int], timeout_s: float = 
             killed.append(broker_id)
     wait_gone([targets[b] for b in killed], 5.0)
     return {"stopped": sorted(set(targets) - set(killed)), "killed": sorted(killed)}
+
+
+def current_controller(spec: ClusterSpec) -> int | None:
+    """The controller's id, or None (none elected, or the store cannot be read)."""
+    try:
+        with store(spec) as client:
+            return controller_id(client)
+    except Exception:
+        return None
 
 
 def remove_pid_files(cluster_dir: Path, spec: ClusterSpec) -> None:

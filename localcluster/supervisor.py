@@ -302,7 +302,8 @@ class Supervisor:
                 self._store_events.close()
             self._store_events = None
         live = cluster.live_brokers(self.cluster_dir, self.spec)
-        result = cluster.stop_brokers(self.cluster_dir, live, timeout_s)
+        result = cluster.stop_brokers(self.cluster_dir, live, timeout_s,
+                                      cluster.current_controller(self.spec))  # fmt: skip
         self._reap()
         cluster.remove_pid_files(self.cluster_dir, self.spec)
         MetricsBoard.unlink(self.cluster_dir)

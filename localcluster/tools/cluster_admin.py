@@ -376,7 +376,7 @@ def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict
         cluster.send_signal(supervisor, signal.SIGTERM)
     live = cluster.live_brokers(cluster_dir, spec)
     stale = [str(p) for p in cluster.stale_pid_files(cluster_dir, spec)]
-    result = cluster.stop_brokers(cluster_dir, live, timeout_s)
+    result = cluster.stop_brokers(cluster_dir, live, timeout_s, cluster.current_controller(spec))
     if supervisor is not None and cluster.wait_gone([supervisor], timeout_s):
         cluster.send_signal(supervisor, signal.SIGKILL)
         cluster.wait_gone([supervisor], 5.0)
