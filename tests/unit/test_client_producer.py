@@ -170,3 +170,16 @@ def test_buffer_memory_bounds_unsent_bytes_and_is_given_back():
     fake, results = run_with_fake([], body, buffer_memory=1000, batch_size=500, linger_ms=1)
     assert sorted(results) == [(p, o) for p in (0, 1) for o in range(100)]
     assert len(fake.log[0]) == len(fake.log[1]) == 100
+
+
+def test_null_keys_stick_to_one_partition_per_batch():
+    async def body(producer):
+        first = [await producer.send("t", b"v") for _ in range(10)]
+        first = [await f for f in first]
+        second = [await producer.send("t", b"v") for _ in range(10)]
+        return first, [await f for f in second]
+
+    fake, (first, second) = run_with_fake([], body, linger_ms=20)
+    assert len({p for p, _ in first}) == 1 and len({p for p, _ in second}) == 1
+    assert first[0][0] != second[0][0]  # the batch closed: the next one goes elsewhere
+    assert fake.produce_requests == [[(first[0][0], 10)], [(second[0][0], 10)]]
