@@ -46,6 +46,24 @@ class TopicCreationError(Exception):
         self.error_code = error_code
 
 
+def check_replica_assignment(table: dict[int, tuple[int, ...]]) -> None:
+    """Kafka's checks of a manual assignment (AdminZkClient.validateTopicCreate): partitions
+    0..n-1, each with the same number (at least one) of distinct replicas. Brokers need not
+    be alive, as in Kafka's ZK mode."""
+    if set(table) != set(range(len(table))):
+        raise TopicCreationError(ErrorCode.invalid_replica_assignment,
+                                 f"partitions {sorted(table)} should be a consecutive 0-based "
+                                 "integer sequence")  # fmt: skip
+    for partition, replicas in sorted(table.items()):
+        if not replicas or len(set(replicas)) != len(replicas):
+            raise TopicCreationError(ErrorCode.invalid_replica_assignment,
+                                     f"partition {partition}: replicas {list(replicas)} must be "
+                                     "distinct and at least one")  # fmt: skip
+    if len({len(r) for r in table.values()}) != 1:
+        raise TopicCreationError(ErrorCode.invalid_replica_assignment,
+                                 "all partitions should have the same number of replicas")  # fmt: skip
+
+
 class ClusterMetadata:
     def __init__(self, coord: CoordinationClient, broker_id: int, defaults):
         self.coord = coord
@@ -173,8 +191,15 @@ class ClusterMetadata:
                                      f"{', '.join(sorted(TOPIC_CONFIGS))}")  # fmt: skip
         if self.zk.assignment(name) is not None:
             raise TopicCreationError(ErrorCode.topic_already_exists, f"topic {name!r} exists")
-        table = ({p: tuple(r) for p, r in assignments.items()} if assignments
-                 else self._assign(num_partitions, replication_factor))  # fmt: skip
+        if assignments:
+            if num_partitions not in (-1, None) or replication_factor not in (-1, None):
+                raise TopicCreationError(ErrorCode.invalid_request,
+                                         "both num_partitions or replication_factor and a replica "
+                                         "assignment were given; send -1 with an assignment")  # fmt: skip
+            table = {p: tuple(r) for p, r in assignments.items()}
+            check_replica_assignment(table)
+        else:
+            table = self._assign(num_partitions, replication_factor)
         if validate_only:
             return
         try:
