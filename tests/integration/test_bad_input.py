@@ -571,3 +571,45 @@ def test_metadata_v0_with_no_topics_lists_every_topic_and_v1_lists_none(broker):
         assert {TOPIC, GOOD} <= listed[0] and listed[1] == set()
     finally:
         raw.close()
+
+
+INVALID_REPLICA_ASSIGNMENT = 39
+INVALID_REQUEST = 42
+
+
+@pytest.mark.parametrize("num_partitions, replication_factor, assignment, expected", [
+    (-1, -1, {0: [1, 1]}, INVALID_REPLICA_ASSIGNMENT),  # a broker twice
+    (-1, -1, {5: [1]}, INVALID_REPLICA_ASSIGNMENT),  # partitions not 0..n-1
+    (-1, -1, {0: [1], 2: [1]}, INVALID_REPLICA_ASSIGNMENT),
+    (-1, -1, {0: [1], 1: []}, INVALID_REPLICA_ASSIGNMENT),  # no replicas
+    (-1, -1, {0: [1], 1: [1, 2]}, INVALID_REPLICA_ASSIGNMENT),  # uneven replication
+    (2, -1, {0: [1], 1: [1]}, INVALID_REQUEST),  # both a count and an assignment
+    (-1, 1, {0: [1], 1: [1]}, INVALID_REQUEST),
+    (-1, -1, {0: [1], 1: [1]}, NONE),
+    (-1, -1, {0: [2]}, NONE),  # Kafka's ZK mode accepts brokers that are not (yet) alive
+])  # fmt: skip
+def test_create_topics_checks_a_manual_assignment(broker, num_partitions, replication_factor,
+                                                  assignment, expected):  # fmt: skip
+    name = f"manual-{abs(hash((num_partitions, replication_factor, str(assignment))))}"
+    raw = Raw(broker.port)
+    try:
+        body = messages.encode_request(ApiKey.CREATE_TOPICS, 4, {"timeout": 5000, "topics": [
+            {"name": name, "num_partitions": num_partitions, "replication_factor": replication_factor,
+             "assignments": [{"partition_index": p, "broker_ids": b} for p, b in assignment.items()]}]})  # fmt: skip
+        reader = raw.request(ApiKey.CREATE_TOPICS, 4, body)
+        (created,) = messages.decode_response(
+            ApiKey.CREATE_TOPICS, 4, reader.buf, reader.pos
+        ).topics
+        assert created.error_code == expected, created
+        body = messages.encode_request(ApiKey.METADATA, 8, {"topics": [{"name": name}],
+                                                            "allow_auto_topic_creation": False})  # fmt: skip
+        reader = raw.request(ApiKey.METADATA, 8, body)
+        (topic,) = messages.decode_response(ApiKey.METADATA, 8, reader.buf, reader.pos).topics
+        if expected == NONE:
+            assert {
+                p.partition_index: list(p.replica_nodes) for p in topic.partitions
+            } == assignment
+        else:
+            assert topic.error_code == UNKNOWN_TOPIC_OR_PARTITION, "a refused topic must not exist"
+    finally:
+        raw.close()

@@ -200,6 +200,22 @@ def test_admin_create_topics_and_its_errors(broker):
     listed = a.list_topics(timeout=10).topics
     assert "too-many-replicas" not in listed and "bad name!" not in listed
 
+    # A manual assignment: librdkafka wants the partition count, but sends -1 (as Kafka requires).
+    manual = a.create_topics([NewTopic("admin-manual", 3, replica_assignment=[[1], [1], [1]])],
+                             operation_timeout=10)  # fmt: skip
+    assert manual["admin-manual"].result(20) is None
+    described = a.list_topics("admin-manual", timeout=10).topics["admin-manual"]
+    assert {p: list(m.replicas) for p, m in described.partitions.items()} == {
+        0: [1],
+        1: [1],
+        2: [1],
+    }
+    uneven = a.create_topics([NewTopic("admin-uneven", 2, replica_assignment=[[1], [1, 1]])],
+                             operation_timeout=10)  # fmt: skip
+    with pytest.raises(KafkaException) as raised:
+        uneven["admin-uneven"].result(20)
+    assert raised.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT
+
 
 def test_offsets_for_times_and_watermarks(broker):
     topic = "by-time"
