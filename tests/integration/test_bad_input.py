@@ -271,6 +271,23 @@ def test_a_header_that_runs_past_its_frame_closes_the_connection(broker):
     assert_still_serving(broker)
 
 
+@pytest.mark.parametrize("api_key, version, body, reason", [
+    (ApiKey.PRODUCE, 8, b"\xff\xff\x00", r"needs \d+ bytes at \d+"),
+    (ApiKey.FETCH, 11, struct.pack(">iiiib", -1, 0, 1, 100, 0), r"needs \d+ bytes at \d+"),
+    (ApiKey.METADATA, 8, struct.pack(">i", 3) + b"\x00", r"MetadataRequest v8 does not parse"),
+])  # fmt: skip
+def test_a_body_that_does_not_parse_closes_the_connection_with_a_reason(broker, api_key, version,
+                                                                        body, reason):  # fmt: skip
+    raw = Raw(broker.port)
+    try:
+        raw.send(api_key, version, body)
+        assert raw.closed_by_broker()
+        wait_for_log(broker, rf"closing connection from {peer(raw)}: .*{reason}")
+    finally:
+        raw.close()
+    assert_still_serving(broker)
+
+
 FUZZED = [(k, v) for k in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA,
                           ApiKey.CREATE_TOPICS, ApiKey.API_VERSIONS)
           for v in (SUPPORTED[k].min, SUPPORTED[k].max)]  # fmt: skip
