@@ -17,6 +17,7 @@ import struct
 from collections.abc import Awaitable, Callable
 
 from localcluster.protocol.wire import MalformedRequestError
+from localcluster.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +153,7 @@ class Listener:
             task.add_done_callback(self._connections.discard)
 
     async def close(self) -> None:
-        tasks = [t for t in (self._accept_task, *self._connections) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(self._accept_task, *self._connections)
         self.sock.close()
 
 

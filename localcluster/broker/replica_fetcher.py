@@ -19,18 +19,19 @@ from kio.schema.errors import ErrorCode
 from localcluster.client.connection import Address, BrokerConnection, KafkaConnectionError
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
-from localcluster.protocol.wire import Reader
 from localcluster.protocol.fetch import (
     FetchPartition,
     FetchRequest,
     read_fetch_response,
     write_fetch_request,
 )
+from localcluster.protocol.wire import Reader
 from localcluster.replication.follower_truncation import (
     first_epoch_to_ask,
     hw_truncation,
     leader_epoch_truncation,
 )
+from localcluster.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -271,10 +272,7 @@ class ReplicaFetcherManager:
                 fetcher.changed.set()
 
     async def close(self) -> None:
-        tasks = [f.task for f in self.fetchers.values() if f.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*(f.task for f in self.fetchers.values()))
         for fetcher in self.fetchers.values():
             fetcher._drop_connection()
         self.fetchers.clear()

@@ -31,6 +31,7 @@ from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.shutdown import controlled_shutdown
 from localcluster.coord.znode_data import BrokerRegistration
+from localcluster.tasks import cancel_and_wait
 from localcluster.controller.controller import KafkaController
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class BrokerServer:
         self._tasks = [
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
-            loop.create_task(self._every(c.log_flush_interval_ms, self.replica_manager.checkpoint)),
+            loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
             loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
             loop.create_task(self._every(max(c.replica_lag_time_max_ms // 2, 10),
                                          self.replica_manager.maybe_shrink_isr)),
@@ -197,9 +198,7 @@ class BrokerServer:
             await self.controller.stop()
         if getattr(self, "metadata", None) is not None:
             await asyncio.to_thread(self.metadata.deregister)  # clients stop routing here first
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         if self.replica_manager.fetchers is not None:
             await self.replica_manager.fetchers.close()
         for listener in self._listeners:

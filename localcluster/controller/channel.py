@@ -18,6 +18,7 @@ from localcluster.client.connection import Address, BrokerConnection, KafkaError
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
+from localcluster.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,7 @@ class _BrokerQueue:
         self.connection = None
 
     async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+        await cancel_and_wait(self.task)
         self._close()
 
 

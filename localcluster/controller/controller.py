@@ -28,6 +28,7 @@ from localcluster.controller.state_machines import (
 from localcluster.controller.topic_operations import TopicOperations
 from localcluster.coord import ChildrenWatch, DataWatch, paths
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
+from localcluster.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,7 @@ class KafkaController:
     async def stop(self) -> None:
         if self._seat_watch is not None:
             self._seat_watch.stop()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         await self._resign()
 
     def enqueue(self, kind: str, *args) -> None:
@@ -149,9 +148,7 @@ class KafkaController:
             watch.stop()
         self._watches.clear()
         self._topic_watches.clear()
-        for timer in self._timers:
-            timer.cancel()
-        await asyncio.gather(*self._timers, return_exceptions=True)
+        await cancel_and_wait(*self._timers)
         self._timers.clear()
         if self.channel is not None:
             await self.channel.close()

@@ -220,6 +220,9 @@ class Log:
                 )
             expected = header.next_offset
         cache = self.leader_epoch_cache
+        # An epoch that starts at our log end holds nothing (we led it and wrote nothing, or
+        # its records were truncated): the leader's batches say which epochs really follow.
+        cache.truncate_from_end(self.log_end_offset)
         for start, header in batches:
             if header.partition_leader_epoch > cache.latest_epoch:
                 cache.assign(header.partition_leader_epoch, header.base_offset)
