@@ -1,5 +1,5 @@
 # localcluster: every install step the project needs lives here (CI starts from a clean clone).
-#   make demo   create .venv, install, run the main job
+#   make demo   create .venv, install, run the five-broker failover walk-through
 #   make test   install what the tests need and run the whole suite
 #   make bench  run the benchmarks (results under bench/results/)
 #   make lint   ruff over the package, tests and benchmarks
@@ -36,8 +36,10 @@ $(VENV)/.installed-lint: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed-base
 
+# Issue 7's walk-through: up -n 5, RF 3 with min.insync.replicas=2, acks=all, kill -9 the
+# leader, new leader and ISR, consume everything back, down. (`localcluster demo`: storage.)
 demo: $(VENV)/.installed-base
-	$(BIN)/localcluster demo
+	$(BIN)/python -m localcluster.tools.cluster_demo
 
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

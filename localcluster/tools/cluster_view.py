@@ -9,6 +9,7 @@ rates, latencies and ISR changes, refreshed in place.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -23,8 +24,8 @@ def console() -> Console:
     global _console
     if _console is None:
         _console = Console(highlight=False)
-        if not _console.is_terminal:
-            _console = Console(highlight=False, width=160)
+        if not _console.is_terminal and "COLUMNS" not in os.environ:
+            _console = Console(highlight=False, width=160)  # pipes and logs: no 80-column wrap
     return _console
 
 
