@@ -40,7 +40,7 @@ def step(title: str) -> None:
 def run(*args: str, input: str | None = None, show: bool = True, shown_input: str | None = None,
         timeout_s: float = 120) -> subprocess.CompletedProcess:  # fmt: skip
     command = "localcluster " + " ".join(args)
-    console.print(f"[bold]$ {shown_input + ' | ' if shown_input else ''}{command}[/]")
+    console.print(f"[bold]$ {shown_input + ' | ' if shown_input else ''}{command}[/]", soft_wrap=True)
     env = {**os.environ, "COLUMNS": str(max(console.width - 2, 60))}  # tables fit, indented
     result = subprocess.run([sys.executable, "-m", "localcluster", *args], input=input,
                             capture_output=True, text=True, timeout=timeout_s, env=env)  # fmt: skip
