@@ -25,6 +25,7 @@ import asyncio
 import bisect
 import collections
 import concurrent.futures
+import functools
 import itertools
 import logging
 import random
@@ -594,11 +595,26 @@ def _earliest(a: float | None, b: float) -> float:
     return b if a is None else min(a, b)
 
 
+def _transfer(future: concurrent.futures.Future, delivery: asyncio.Future) -> None:
+    """Copy an asyncio delivery result to the facade's concurrent future."""
+    if future.done():  # cancelled by the caller
+        return
+    if delivery.cancelled():
+        future.cancel()
+    elif delivery.exception() is not None:
+        future.set_exception(delivery.exception())
+    else:
+        future.set_result(delivery.result())
+
+
 class Producer:
     """Synchronous facade: an AsyncProducer on an event loop in a background thread.
 
-    `send` returns a concurrent.futures.Future of (partition, offset); `flush` and `close`
-    block. For throughput, use AsyncProducer (or send_batch) from asyncio code instead.
+    `send` returns a concurrent.futures.Future of (partition, offset) at once; `flush` and
+    `close` block. Sends go through one FIFO intake that a single task on the loop drains in
+    order (so records keep the calling thread's order, and a send that waits for metadata or
+    buffer room holds back the later ones, as Kafka's blocking send does). For throughput,
+    use AsyncProducer (or send_batch) from asyncio code instead.
     """
 
     def __init__(self, config: Mapping | None = None, *, bootstrap_servers=None, cluster_dir=None,
@@ -606,6 +622,8 @@ class Producer:
         self._thread = LoopThread("localcluster-producer")
         self._lock = threading.Lock()
         self._outstanding: set[concurrent.futures.Future] = set()
+        self._intake: collections.deque = collections.deque()  # (kind, args, future)
+        self._pumping = False  # a pump task is scheduled or running; guarded by _lock
 
         async def make():
             producer = AsyncProducer(config, bootstrap_servers=bootstrap_servers,
@@ -624,37 +642,64 @@ class Producer:
 
     def send(self, topic: str, value, key=None, partition: int | None = None,
              headers: Iterable | Mapping = (), timestamp_ms: int | None = None) -> concurrent.futures.Future:  # fmt: skip
-        return self._track(self._thread.submit(self._producer.send_and_wait(
-            topic, value, key=key, partition=partition, headers=headers, timestamp_ms=timestamp_ms)))  # fmt: skip
+        return self._enqueue("send", (topic, value, key, partition, headers, timestamp_ms))
 
     def send_batch(self, topic: str, partition: int, records) -> concurrent.futures.Future:
-        async def go():
-            return await (await self._producer.send_batch(topic, partition, records))
+        return self._enqueue("batch", (topic, partition, records))
 
-        return self._track(self._thread.submit(go()))
-
-    def _track(self, future: concurrent.futures.Future) -> concurrent.futures.Future:
+    def _enqueue(self, kind: str, args: tuple) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            self._outstanding.add(future)
-        future.add_done_callback(self._untrack)
+            if kind != "barrier":
+                self._outstanding.add(future)
+            self._intake.append((kind, args, future))
+            start = not self._pumping
+            self._pumping = True
+        if kind != "barrier":
+            future.add_done_callback(self._untrack)
+        if start:
+            self._thread.loop.call_soon_threadsafe(self._start_pump)
         return future
 
     def _untrack(self, future: concurrent.futures.Future) -> None:
         with self._lock:
             self._outstanding.discard(future)
 
+    def _start_pump(self) -> None:
+        self._thread.loop.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if not self._intake:
+                    self._pumping = False
+                    return
+                items = list(self._intake)
+                self._intake.clear()
+            for kind, args, future in items:
+                if kind == "barrier":
+                    future.set_result(None)
+                    continue
+                try:
+                    if kind == "send":
+                        delivery = await self._producer.send(*args)
+                    else:
+                        delivery = await self._producer.send_batch(*args)
+                except Exception as e:  # noqa: BLE001 (handed to the caller's future)
+                    if not future.done():
+                        future.set_exception(e)
+                    continue
+                delivery.add_done_callback(functools.partial(_transfer, future))
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until every record sent before this call is acknowledged or has failed."""
+        barrier = self._enqueue("barrier", ())
         with self._lock:
             outstanding = list(self._outstanding)
         producer = self._producer
 
         async def flush_all():
-            # Sends submitted before this coroutine have run their first step (the loop runs
-            # callbacks in order): each appended its record or queued on the FIFO intake lock.
-            # Taking the lock waits for the queued ones, so linger ends only for full batches.
-            async with producer._intake:  # noqa: SLF001
-                pass
+            await asyncio.wrap_future(barrier)  # every earlier send is in a batch now
             producer._flushing += 1  # noqa: SLF001 (linger ends now, as AsyncProducer.flush)
             producer._wakeup.set()  # noqa: SLF001
             try:

@@ -139,6 +139,8 @@ def test_batching_batches(brokers, broker):
         producer.flush(20)
         assert [f.result(0)[1] for f in futures] == list(range(n))
         requests = producer.requests_sent
+        with pytest.raises(KafkaError, match="partition 9 of 'batched' does not exist"):
+            producer.send("batched", b"x", partition=9).result(10)  # the error is the future's
     batches = stored_batches(broker.socket_path, "batched")
     assert sum(b.records_count for b in batches) == n
     payload = n * (size + 8)
