@@ -467,7 +467,8 @@ def test_records_larger_than_the_consumers_fetch_sizes_still_arrive(broker):
     values = [bytes([65 + i % 26]) * (3000 + i) for i in range(12)]
     produce_all(producer(broker, **{"linger.ms": 0}),
                 [{"topic": topic, "partition": 0, "value": v} for v in values])  # fmt: skip
-    c = consumer(broker, **{"max.partition.fetch.bytes": 1000, "fetch.max.bytes": 1000})
+    c = consumer(broker, **{"max.partition.fetch.bytes": 1000, "fetch.max.bytes": 1000,
+                            "message.max.bytes": 1000})  # fmt: skip
     try:
         c.assign([TopicPartition(topic, 0, 0)])
         received, eof = consume_until_eof(c, {0})
