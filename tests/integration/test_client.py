@@ -292,6 +292,11 @@ def test_admin_create_describe_list(brokers, broker):
         assert exists.value.code == 36
         with pytest.raises(KafkaError, match="INVALID_REPLICATION_FACTOR"):
             admin.create_topic("too-many-replicas", 1, 3)
+        admin.create_topic("only-validated", 2, 1, validate_only=True)
+        admin.create_topic("assigned", replica_assignment={0: [1], 1: [1]})
+        assert [p.replicas for p in admin.wait_for_leaders("assigned").partitions] == [(1,), (1,)]
+        with pytest.raises(KafkaError, match="UNKNOWN_TOPIC_OR_PARTITION"):
+            admin.describe_topic("only-validated")
         with pytest.raises(KafkaError, match="UNKNOWN_TOPIC_OR_PARTITION"):
             admin.describe_topic("never-created")
         assert "never-created" not in admin.list_topics()  # describing did not auto-create it
