@@ -249,7 +249,8 @@ def test_consumer_seek_position_and_partial_batches(brokers, broker):
         assert consumer.poll(50) == []
         assert consumer.end_offsets([tp]) == {tp: 100}
         assert consumer.beginning_offsets([tp]) == {tp: 0}
-        assert consumer.offsets_for_times({tp: T0 + 55})[tp][0] == 55
+        assert consumer.offsets_for_times({tp: T0 + 55})[tp] == (55, T0 + 55)
+        assert consumer.offsets_for_times({tp: T0 + 10**6})[tp] == (-1, -1)  # none that late
 
         consumer.seek(tp, 1000)
         with pytest.raises(OffsetOutOfRangeError, match="out of range"):
