@@ -630,3 +630,25 @@ def test_create_topics_checks_a_manual_assignment(broker, num_partitions, replic
             assert topic.error_code == UNKNOWN_TOPIC_OR_PARTITION, "a refused topic must not exist"
     finally:
         raw.close()
+
+
+def test_the_unix_socket_listener_refuses_bad_frames_the_same_way(broker):
+    """The inter-broker listener shares the framing: a bad frame closes only that connection."""
+    bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    good = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        for s in (bad, good):
+            s.settimeout(10)
+            s.connect(str(broker.socket_path))
+        bad.sendall(struct.pack(">i", -77))
+        assert bad.recv(16) == b""
+        wait_for_log(broker, r"closing connection from unix:\S*: frame size -77 outside")
+        header = Writer()
+        write_request_header(header, RequestHeader(ApiKey.API_VERSIONS, 0, 42, "unix"))
+        good.sendall(struct.pack(">i", len(header.buf)) + bytes(header.buf))
+        size = struct.unpack(">i", good.recv(4))[0]
+        assert size > 6 and struct.unpack(">i", good.recv(4))[0] == 42
+    finally:
+        bad.close()
+        good.close()
+    assert_still_serving(broker)
