@@ -349,7 +349,7 @@ class AsyncConsumer:
                         return []  # no leader to ask yet; the next poll tries again
                 continue
             remaining = deadline - loop.time()
-            self._send_fetches(max(0, min(self.config["fetch.max.wait.ms"], int(remaining * 1000))))
+            sent = self._send_fetches(max(0, min(self.config["fetch.max.wait.ms"], int(remaining * 1000))))
             if not self._fetches:
                 if remaining <= 0:
                     return []
@@ -357,8 +357,10 @@ class AsyncConsumer:
                 continue
             self._ready.clear()
             if remaining <= 0:
-                # timeout 0: wait for answers to fetches that were sent with max_wait 0
-                await asyncio.wait(list(self._fetches.values()), timeout=self.config["request.timeout.ms"] / 1000)
+                # timeout 0: one round trip for the fetches just sent (with max_wait 0), not
+                # for long polls still out from earlier calls
+                if sent:
+                    await asyncio.wait(sent, timeout=self.config["request.timeout.ms"] / 1000)
                 self._raise_errors()
                 return self._take(self.config["max.poll.records"])
             try:
@@ -390,11 +392,13 @@ class AsyncConsumer:
                 break
         return out
 
-    def _send_fetches(self, max_wait_ms: int) -> None:
+    def _send_fetches(self, max_wait_ms: int) -> list[asyncio.Task]:
+        """Start a fetch to each leader that has none in flight; returns the new ones."""
         metadata = self.cluster.metadata
         by_leader: dict[int, list[TopicPartition]] = {}
         now = time.monotonic()
         missing_leader = False
+        sent: list[asyncio.Task] = []
         for tp, state in self._assignment.items():
             if state.position is None or state.buffered is not None or state.error is not None:
                 continue
@@ -413,6 +417,8 @@ class AsyncConsumer:
             positions = {tp: self._assignment[tp].position for tp in tps}
             task = asyncio.get_running_loop().create_task(self._fetch(leader, positions, max_wait_ms))
             self._fetches[leader] = task
+            sent.append(task)
+        return sent
 
     async def _fetch(self, leader: int, positions: dict[TopicPartition, int], max_wait_ms: int) -> None:
         c = self.config
