@@ -8,6 +8,7 @@ connection produces a record and fetches it back.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import socket
@@ -652,3 +653,30 @@ def test_the_unix_socket_listener_refuses_bad_frames_the_same_way(broker):
         bad.close()
         good.close()
     assert_still_serving(broker)
+
+
+def open_sockets(pid: int) -> int:
+    fds = f"/proc/{pid}/fd"
+    count = 0
+    for fd in os.listdir(fds):
+        try:
+            count += os.readlink(f"{fds}/{fd}").startswith("socket:")
+        except FileNotFoundError:
+            pass  # closed while we looked
+    return count
+
+
+@pytest.mark.xfail(strict=True, reason="a parked (long-poll) fetch keeps its connection open until "
+                   "max_wait_ms runs out, even after the client has gone; Kafka's selector drops the "
+                   "channel at once. A client may ask for up to 2**31-1 ms.")  # fmt: skip
+def test_connections_of_departed_long_polling_clients_are_released(broker):
+    baseline = open_sockets(broker.pid)
+    for _ in range(20):
+        raw = Raw(broker.port)
+        _, end = raw.list_offset(GOOD, 0)
+        body = fetch.write_fetch_request(fetch.FetchRequest(-1, 60_000, 1, 1 << 20, 0, [
+            (GOOD, [fetch.FetchPartition(0, end, 1 << 20)])]), 11)  # fmt: skip
+        raw.send(ApiKey.FETCH, 11, body)
+        raw.close()
+    wait_until(lambda: open_sockets(broker.pid) <= baseline + 2, timeout_s=3,
+               message="the broker closes the sockets of clients that went away")  # fmt: skip
