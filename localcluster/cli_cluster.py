@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,6 +35,8 @@ def _friendly(f):
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
+        # Before the client imports kio (and so hypothesis, where installed): see child_env.
+        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", cluster.hypothesis_cache())
         from localcluster.client import KafkaError
 
         try:

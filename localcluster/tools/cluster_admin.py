@@ -312,7 +312,7 @@ def launch_detached(cluster_dir: Path, spec: ClusterSpec, timeout_s: float,
         process = subprocess.Popen([sys.executable, "-m", "localcluster.supervisor", "--dir",
                                     str(cluster_dir)], stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                   cwd=cluster_dir)  # fmt: skip
+                                   cwd=cluster_dir, env=cluster.child_env())  # fmt: skip
     deadline = time.monotonic() + timeout_s
 
     def supervisor_failed() -> str | None:
