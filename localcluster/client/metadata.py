@@ -185,6 +185,10 @@ class Cluster:
         existing = self._connections.get(key)
         if existing is not None and not existing.closed and existing.address == address:
             return existing
+        for other in self._connections.values():  # a bootstrap connection to the same broker
+            if not other.closed and other.address == address:
+                self._connections[key] = other
+                return other
         task = self._connecting.get(key)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._open(key, address))
@@ -206,9 +210,9 @@ class Cluster:
                     self.request_metadata_refresh()  # a leader that is gone: who leads now?
                 raise
             old = self._connections.get(key)
-            if old is not None:
-                old.close()
             self._connections[key] = connection
+            if old is not None and all(c is not old for c in self._connections.values()):
+                old.close()  # no other key shares it
             return connection
         finally:
             self._connecting.pop(key, None)
@@ -321,8 +325,8 @@ class Cluster:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for connection in self._connections.values():
+        unique = {id(c): c for c in self._connections.values()}.values()  # aliases share one
+        for connection in unique:
             connection.close()
-        await asyncio.gather(*(c.wait_closed() for c in self._connections.values()),
-                             return_exceptions=True)  # fmt: skip
+        await asyncio.gather(*(c.wait_closed() for c in unique), return_exceptions=True)
         self._connections.clear()
