@@ -37,18 +37,20 @@ def _friendly(f):
     def wrapper(*args, **kwargs):
         # Before the client imports kio (and so hypothesis, where installed): see child_env.
         os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", cluster.hypothesis_cache())
-        from localcluster.client import KafkaError
-
         try:
             return f(*args, **kwargs)
         except ClusterError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
-        except KafkaError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(1)
         except KeyboardInterrupt:
             sys.exit(130)
+        except Exception as e:
+            # Client errors, without importing the client for commands that never use it.
+            client = sys.modules.get("localcluster.client")
+            if client is not None and isinstance(e, client.KafkaError):
+                click.echo(f"error: {e}", err=True)
+                sys.exit(1)
+            raise
 
     return wrapper
 

@@ -22,6 +22,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -206,7 +207,6 @@ class Supervisor:
 
         self.cluster_dir.mkdir(parents=True, exist_ok=True)
         (self.cluster_dir / cluster.SUPERVISOR_PID).write_text(f"{os.getpid()}\n")
-        MetricsBoard.create(self.cluster_dir)
         cluster.remove_pid_files(self.cluster_dir, self.spec)
         for broker_id in self.spec.brokers:
             if cluster.broker_pid(self.cluster_dir, broker_id) is not None:
@@ -214,6 +214,7 @@ class Supervisor:
             process = cluster.spawn_broker(self.cluster_dir, self.spec, broker_id)
             self.children[process.pid] = broker_id
             process.returncode = 0  # we reap by waitpid; keep Popen.__del__ from tracking it
+        MetricsBoard.create(self.cluster_dir)  # after the spawns: numpy's import delays no broker
 
     def wait_ready(self, timeout_s: float = cluster.READY_TIMEOUT_S,
                    controller_grace_s: float = CONTROLLER_GRACE_S) -> int | None:  # fmt: skip
@@ -263,19 +264,36 @@ class Supervisor:
 
     # -- run ----------------------------------------------------------------------------------
 
-    def run(self, tick_s: float = 0.05) -> None:
+    def run(self, tick_s: float = 0.05, poll_s: float = 0.25) -> None:
         """Report events until stop_requested (set by SIGINT/SIGTERM through install_signals)."""
         try:
             self._store_events = StoreEvents(self.spec, self.events)
         except Exception as e:
             self.emit(f"{_stamp()}  cannot watch the store ({e}); reporting process exits only")
+        others = self._others()
+        next_poll = time.monotonic() + poll_s
         while not self.stop_requested.is_set():
+            self._drain_events()
             for pid, broker_id in self._reap():
                 self.emit(f"{_stamp()}  broker {broker_id} died ({self._describe_exit(pid)}); "
                           f"`localcluster start {broker_id}` restarts it")  # fmt: skip
-            self._drain_events()
+            if time.monotonic() >= next_poll:
+                # Brokers we did not spawn (`localcluster start`): no exit status, only that
+                # their process is gone.
+                now = self._others()
+                for broker_id, pid in sorted(others.items()):
+                    if now.get(broker_id) != pid:
+                        self.emit(f"{_stamp()}  broker {broker_id} (pid {pid}) exited; "
+                                  f"`localcluster start {broker_id}` restarts it")  # fmt: skip
+                others, next_poll = now, time.monotonic() + poll_s
             self.stop_requested.wait(tick_s)
         self._drain_events()
+
+    def _others(self) -> dict[int, int]:
+        """{broker id: pid} of live brokers of this cluster that are not our children."""
+        mine = set(self.children) | set(self._statuses)
+        return {b: pid for b, pid in cluster.live_brokers(self.cluster_dir, self.spec).items()
+                if pid not in mine}  # fmt: skip
 
     def _drain_events(self) -> None:
         while True:
