@@ -1,8 +1,9 @@
 """The file backend's client: ZooKeeper's API over a store directory shared by processes.
 
 What lives here: `FileClient`, which owns one session, a FileStore handle, and two threads:
-the dispatcher (tails the changelog, matches watches, queues their callbacks; also sends the
-session's heartbeats and reaps sessions whose owner died or hung) and the callback thread
+the dispatcher (tails the changelog, matches watches, queues their callbacks; reaps sessions
+whose owner died or hung), the heartbeat thread (touches the session file every timeout/3 and
+nothing else, so slow callbacks or a busy store can never starve it) and the callback thread
 (runs watch callbacks one at a time, in changelog order, never under the store lock).
 Rules: reads take the shared store lock, mutations the exclusive one; a read that sets a watch
 also holds the dispatcher mutex, so no changelog line can be matched between the read and the
@@ -83,6 +84,7 @@ class FileClient(CoordinationClient):
         name = f"coord-{self.session_id:x}"
         self._threads = [
             threading.Thread(target=self._dispatch_loop, name=f"{name}-dispatch", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name=f"{name}-heartbeat", daemon=True),
             threading.Thread(target=self._callback_loop, name=f"{name}-callbacks", daemon=True),
         ]
         for thread in self._threads:
@@ -95,9 +97,10 @@ class FileClient(CoordinationClient):
         self._wake.set()
         self._wakeup.stop()
         self._threads[0].join(timeout=5)
+        self._threads[1].join(timeout=5)
         self._callbacks.put((None, None))
-        if threading.current_thread() is not self._threads[1]:
-            self._threads[1].join(timeout=5)
+        if threading.current_thread() is not self._threads[2]:
+            self._threads[2].join(timeout=5)
         self._session.close()
         self._feed.close()
         self.store.close()
@@ -252,8 +255,6 @@ class FileClient(CoordinationClient):
             try:
                 self._deliver_changes()
                 now = time.monotonic()
-                if now - self._session.last_heartbeat >= self.session_timeout_ms / 3000:
-                    self._session.heartbeat()
                 if (woken and not polling) or now >= next_liveness:
                     next_liveness = now + LIVENESS_CHECK_MS / 1000
                     self._reap_dead_sessions()
@@ -300,6 +301,16 @@ class FileClient(CoordinationClient):
             return
         for session_id, reason in file_session.find_dead_sessions(self.store, self.session_id):
             file_session.reap(self.store, session_id, reason)
+
+    def _heartbeat_loop(self) -> None:
+        interval_s = self.session_timeout_ms / 3000
+        while not self._stopping.wait(interval_s):
+            try:
+                self._session.heartbeat()
+            except OSError:
+                log.exception(
+                    "coordination client %#x: heartbeat failed; retrying", self.session_id
+                )
 
     def _callback_loop(self) -> None:
         while True:

@@ -266,7 +266,26 @@ class FileStore:
                 os.rename(staged, target)
         self._append_changelog(journal["zxid"], journal["changes"])
         os.pwrite(self._zxid_fd, b"%020d\n" % journal["zxid"], 0)
-        os.pwrite(self._journal_fd, bytes(_JOURNAL_HEADER.size), 0)  # landed: no longer pending
+        if self.fsync:  # the renames, unlinks, changelog and counter are durable before...
+            self._fsync_landed(journal)
+        os.pwrite(self._journal_fd, bytes(_JOURNAL_HEADER.size), 0)  # ...it stops being pending
+
+    def _fsync_landed(self, journal: dict) -> None:
+        directories = {os.path.dirname(self.path(target)) for target, _ in journal["puts"]}
+        directories |= {os.path.dirname(self.path(relative)) for relative in journal["deletes"]}
+        for directory in directories:
+            with contextlib.suppress(FileNotFoundError):  # removed by this very mutation
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        for path in (self.path("changes"), self.path("zxid")):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def journal_pending(self) -> dict | None:
         """The journal record of a mutation that did not finish landing, if there is one."""

@@ -246,3 +246,32 @@ def test_stopped_client_refuses_calls(tmp_path):
     client.stop()
     with pytest.raises(SessionExpiredError, match="stopped"):
         client.get("/")
+
+
+def test_fsync_mode_and_a_slow_callback_do_not_cost_the_session(tmp_path):
+    """fsync=True goes through the same paths; a callback that runs longer than the session
+    timeout does not expire the session (heartbeats have their own thread)."""
+    store_dir = str(tmp_path / "store")
+    client = connect(store_dir, session_timeout_ms=500, fsync=True)
+    observer = connect(store_dir)
+    try:
+        client.create("/brokers/ids/0", b"endpoints", ephemeral=True, makepath=True)
+        entered, finished = [], []
+
+        def slow(event):
+            entered.append(event)
+            time.sleep(1.5)  # a callback doing slow work, longer than the session timeout
+            finished.append(event)
+
+        client.exists("/controller", watch=slow)
+        observer.create("/controller", b"1")
+        wait_until(lambda: finished, 10, message="the slow callback to finish")
+        assert observer.exists("/brokers/ids/0") is not None, (
+            "the session expired during a slow callback"
+        )
+        assert client.set("/brokers/ids/0", b"new endpoints").version == 1
+        client.delete("/brokers/ids/0")
+        assert observer.exists("/brokers/ids/0") is None
+    finally:
+        client.stop()
+        observer.stop()
