@@ -107,7 +107,8 @@ def _parse_up(count: int, racks: str | None, settings: tuple[str, ...]):
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where partition logs live (default: /dev/shm).")  # fmt: skip
 @click.option("--detach", is_flag=True, help="Run the supervisor in the background and return.")
-@click.option("--zookeeper", metavar="HOST:PORT", help="Use a real ZooKeeper instead of the store in --dir.")
+@click.option("--zookeeper", metavar="HOST:PORT[/CHROOT]",
+              help="Use a real ZooKeeper instead of the store in --dir (a chroot keeps clusters apart).")  # fmt: skip
 @click.option("--timeout", "timeout_s", default=cluster.READY_TIMEOUT_S, show_default=True,
               type=click.FloatRange(1), help="Seconds to wait for the brokers.")  # fmt: skip
 @_dir_option
@@ -140,6 +141,7 @@ def up(count, racks, settings, data_dir, detach, zookeeper, timeout_s, cluster_d
         brokers=list(range(count)), racks=dict(enumerate(rack_list)), settings=properties,
         coordination=cluster_admin.coordination_spec(directory, zookeeper),
         data_dir=str(data_dir.resolve()) if data_dir else None, created_ms=int(time.time() * 1000))  # fmt: skip
+    cluster_admin.prepare_coordination(spec)
     cluster.save_spec(directory, spec)
     if detach:
         controller = cluster_admin.launch_detached(directory, spec, timeout_s, CONTROLLER_GRACE_S)
@@ -547,7 +549,8 @@ def down(purge, timeout_s, cluster_dir, as_json):
         raise
     result = cluster_admin.stop_cluster(directory, spec, timeout_s)
     if purge:
-        result["purged"] = cluster.purge(directory, spec)
+        chroot = cluster_admin.purge_coordination(spec)
+        result["purged"] = cluster.purge(directory, spec) + ([chroot] if chroot else [])
     _report_down(result, as_json)
 
 

@@ -438,6 +438,51 @@ def follow(path: Path, write: Callable[[str], None], lines: int, keep_following:
         pass
 
 
+def split_chroot(spec: str) -> tuple[str, str | None]:
+    """zookeeper://hosts/chroot -> (zookeeper://hosts, /chroot); (spec, None) otherwise."""
+    if not spec.startswith("zookeeper://"):
+        return spec, None
+    hosts, sep, chroot = spec[len("zookeeper://") :].partition("/")
+    return f"zookeeper://{hosts}", (f"/{chroot.strip('/')}" if sep and chroot.strip("/") else None)
+
+
+def prepare_coordination(spec: ClusterSpec) -> None:
+    """A ZooKeeper chroot must exist before brokers use it; the file store creates itself."""
+    from localcluster import coord
+
+    root, chroot = split_chroot(spec.coordination)
+    if chroot is None:
+        return
+    try:
+        client = coord.connect(root)
+    except Exception as e:
+        raise ClusterError(f"cannot reach ZooKeeper at {root}: {e}") from None
+    try:
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+
+
+def purge_coordination(spec: ClusterSpec) -> str | None:
+    """`down --purge` with ZooKeeper: delete the cluster's chroot (never ZooKeeper's root)."""
+    from localcluster import coord
+
+    root, chroot = split_chroot(spec.coordination)
+    if chroot is None:
+        return None
+    try:
+        client = coord.connect(root)
+        try:
+            client.delete(chroot, recursive=True)
+        finally:
+            client.stop()
+    except coord.NoNodeError:
+        return None
+    except Exception as e:
+        raise ClusterError(f"could not delete {chroot} in ZooKeeper at {root}: {e}") from None
+    return f"{root}{chroot}"
+
+
 def coordination_spec(cluster_dir: Path, zookeeper: str | None) -> str:
     if not zookeeper:
         return str(cluster_dir / "store")

@@ -120,3 +120,30 @@ def test_brokers_outlive_a_sigkilled_supervisor_and_down_stops_them(tmp_path):
         assert not MetricsBoard.exists(cli.cluster_dir)
     finally:
         cli.teardown()
+
+
+def test_a_cluster_on_a_real_zookeeper(tmp_path, zookeeper_server):
+    import uuid
+
+    from localcluster import coord
+
+    chroot = f"/localcluster-cli-{uuid.uuid4().hex[:8]}"
+    cli = Cli(tmp_path / "cluster")
+    try:
+        cli.run("up", "-n", "2", "--detach", "--zookeeper", f"{zookeeper_server.hosts}{chroot}", check=True)
+        state = cli.status()
+        assert state["coordination"] == f"zookeeper://{zookeeper_server.hosts}{chroot}"
+        assert [b["alive"] and b["registered"] for b in state["brokers"]] == [True, True]
+        assert not (cli.cluster_dir / "store").exists()
+        cli.run("topic", "create", "zk", "-p", "1", "-r", "2", check=True)
+        cli.run("produce", "zk", input="a\nb\n", check=True)
+        result = cli.run("consume", "zk", "--from-beginning", "--max-messages", "2", check=True)
+        assert result.stdout.split() == ["a", "b"]
+        cli.run("down", "--purge", check=True)
+        client = coord.connect(f"zookeeper://{zookeeper_server.hosts}")
+        try:
+            assert client.exists(chroot) is None
+        finally:
+            client.stop()
+    finally:
+        cli.teardown()
