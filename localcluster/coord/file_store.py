@@ -343,12 +343,19 @@ class FileStore:
                 os.unlink(self.path("tmp", leftover))
 
     def _truncate_torn_changelog(self) -> None:
+        """Cut a last line a dead writer left unfinished (it is rewritten by the replay)."""
         with open(self.path("changes"), "rb+") as f:
             size = f.seek(0, os.SEEK_END)
-            tail_start = max(0, size - 65536)
-            f.seek(tail_start)
-            tail = f.read()
-            if tail.endswith(b"\n") or not tail:
-                return
-            cut = tail.rfind(b"\n")
-            f.truncate(tail_start + cut + 1 if cut >= 0 else tail_start)
+            end = size
+            while end > 0:  # scan back in chunks: a big transaction's line can be long
+                start = max(0, end - 65536)
+                f.seek(start)
+                chunk = f.read(end - start)
+                if end == size and chunk.endswith(b"\n"):
+                    return
+                cut = chunk.rfind(b"\n")
+                if cut >= 0:
+                    f.truncate(start + cut + 1)
+                    return
+                end = start
+            f.truncate(0)

@@ -267,3 +267,17 @@ def test_watch_table_matches_zookeeper_event_rules():
     table.add(table.data, "/a", "same", 10)
     table.add(table.data, "/a", "same", 12)  # one watch per (path, callback), from the first read
     assert len(table.match(11, [["changed", "/a"]])) == 1
+
+
+def test_a_torn_changelog_line_longer_than_a_read_chunk_is_cut_whole(tmp_path):
+    store = FileStore(str(tmp_path / "store"))
+    with store.exclusive():
+        mutation = operations.Mutation(store)
+        operations.create(mutation, "/kept", b"", 0, False, False)
+        mutation.commit()
+        with open(store.path("changes"), "ab") as changes:
+            changes.write(b'[2,[["deleted","/' + b"x" * 200_000)  # a huge transaction, torn
+        store._truncate_torn_changelog()
+    with open(store.path("changes"), "rb") as changes:
+        assert changes.read().splitlines() == [b"[0, null]", b'[1,[["created","/kept"]]]']
+    store.close()
