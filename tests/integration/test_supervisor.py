@@ -33,7 +33,12 @@ class Foreground:
             self.lines.put(line)
 
     def wait_for(self, text: str, timeout_s: float = 60.0) -> str:
+        """The first output line containing text, among those seen so far or to come."""
+
         def found():
+            for line in self.seen:
+                if text in line:
+                    return line
             while True:
                 try:
                     line = self.lines.get_nowait()
@@ -65,7 +70,7 @@ def test_foreground_reports_events_and_ctrl_c_stops_the_cluster(tmp_path):
         cli.run("kill", str(leader), check=True)
         up.wait_for(f"broker {leader} died")
         if cli.status()["controller"] is not None:
-            up.wait_for("leader", 30)  # a new leader for events-0, once the controller acts
+            up.wait_for("elected", 30)  # a new leader for events-0, once the controller acts
         cli.run("start", str(leader), check=True)
         up.wait_for(f"broker {leader} registered")
 
