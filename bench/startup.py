@@ -80,7 +80,9 @@ def one_cluster_start(workdir: Path, run: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.startup", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.startup", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--repeats", type=int, default=3, help="cluster starts (default 3)")
     parser.add_argument("--quick", action="store_true", help="one cluster start")
     parser.add_argument("--json", action="store_true", help="also print the JSON document")
@@ -126,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         print_note("no controller was elected in some runs: `up` then waits its grace period")
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1):
-        print_note(f"load average {load:.1f} on {os.cpu_count()} cores: figures are slower than on a quiet machine")
+        print_note(
+            f"load average {load:.1f} on {os.cpu_count()} cores: figures are slower than on a quiet machine"
+        )
     results = {
         "goals": {"ready_s": GOAL_READY_S, "rss_mb_per_broker": GOAL_RSS_MB},
         "bare_python": {"wall_s_best": best([s for s, _ in bare]), "wall_s_median": median([s for s, _ in bare]),

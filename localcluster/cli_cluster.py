@@ -69,7 +69,19 @@ def _broker_arg(target: str, directory: Path, spec) -> int:
 
 
 def register(main: click.Group) -> None:
-    for command in (up, status, produce, consume, kill, start, shutdown, elect, reassign, logs, down):
+    for command in (
+        up,
+        status,
+        produce,
+        consume,
+        kill,
+        start,
+        shutdown,
+        elect,
+        reassign,
+        logs,
+        down,
+    ):
         main.add_command(command)
     main.add_command(topic)
 
@@ -136,7 +148,8 @@ def up(count, racks, settings, data_dir, detach, zookeeper, timeout_s, cluster_d
                 f"a cluster is already running in {directory} (brokers alive: "
                 f"{', '.join(map(str, live)) or 'none'}"
                 + (f", supervisor pid {supervisor}" if supervisor else "")
-                + "); nothing changed. `localcluster status` shows it, `localcluster down` stops it")
+                + "); nothing changed. `localcluster status` shows it, `localcluster down` stops it"
+            )
     spec = cluster.ClusterSpec(
         brokers=list(range(count)), racks=dict(enumerate(rack_list)), settings=properties,
         coordination=cluster_admin.coordination_spec(directory, zookeeper),
@@ -292,7 +305,9 @@ def topic_delete(name, cluster_dir, as_json):
     else:
         click.echo(f"deletion of topic {name} requested; the controller deletes it")
     if result["controller"] is None:
-        click.echo("note: no controller is running, so nothing happens until one is elected", err=True)
+        click.echo(
+            "note: no controller is running, so nothing happens until one is elected", err=True
+        )
 
 
 # -- produce and consume ------------------------------------------------------------------------
@@ -304,7 +319,9 @@ def topic_delete(name, cluster_dir, as_json):
 @click.option("--key-separator", default=None, metavar="SEP",
               help="Split each line at SEP into key and value.")  # fmt: skip
 @click.option("--partition", default=None, type=click.IntRange(0), help="Send to this partition.")
-@click.option("--acks", default="all", show_default=True, type=click.Choice(["all", "-1", "0", "1"]))
+@click.option(
+    "--acks", default="all", show_default=True, type=click.Choice(["all", "-1", "0", "1"])
+)
 @click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=click.FloatRange(0.1),
               help="delivery.timeout.ms, in seconds.")  # fmt: skip
 @_dir_option
@@ -321,7 +338,9 @@ def produce(topic_name, key, key_separator, partition, acks, timeout_s, cluster_
     if as_json:
         _print_json(result)
     else:
-        spans = ", ".join(f"partition {p}: offsets {a}..{b}" for p, (a, b) in result["partitions"].items())
+        spans = ", ".join(
+            f"partition {p}: offsets {a}..{b}" for p, (a, b) in result["partitions"].items()
+        )
         click.echo(f"produced {result['records']} records to {topic_name}"
                    + (f" ({spans})" if spans else ""), err=True)  # fmt: skip
     if result["errors"]:
@@ -390,7 +409,9 @@ def kill(broker, signal_name, timeout_s, cluster_dir, as_json):
 
     directory, spec = _spec(cluster_dir)
     broker_id = _broker_arg(broker, directory, spec)
-    result = cluster_admin.stop_broker(directory, broker_id, cluster.parse_signal(signal_name), timeout_s)
+    result = cluster_admin.stop_broker(
+        directory, broker_id, cluster.parse_signal(signal_name), timeout_s
+    )
     if as_json:
         _print_json(result)
         return
@@ -400,7 +421,10 @@ def kill(broker, signal_name, timeout_s, cluster_dir, as_json):
     if result["signal"] == "SIGSTOP":
         click.echo(f"`localcluster kill {broker_id} --signal CONT` resumes it")
     if result["exited"] is False:
-        click.echo(f"error: broker {broker_id} still runs {timeout_s:g} s after {result['signal']}", err=True)
+        click.echo(
+            f"error: broker {broker_id} still runs {timeout_s:g} s after {result['signal']}",
+            err=True,
+        )
         sys.exit(1)
 
 
@@ -421,7 +445,9 @@ def start(broker, timeout_s, cluster_dir, as_json):
     if as_json:
         _print_json(result)
     else:
-        click.echo(f"broker {broker_id} started (pid {result['pid']}) on {result['host']}:{result['port']}")
+        click.echo(
+            f"broker {broker_id} started (pid {result['pid']}) on {result['host']}:{result['port']}"
+        )
 
 
 @click.command()
@@ -474,12 +500,16 @@ def elect(target, kind, cluster_dir, as_json):
         return
     click.echo(f"preferred replica election requested for {len(result['partitions'])} partitions")
     if result["controller"] is None:
-        click.echo("note: no controller is running, so nothing happens until one is elected", err=True)
+        click.echo(
+            "note: no controller is running, so nothing happens until one is elected", err=True
+        )
 
 
 @click.command()
 @click.argument("target", metavar="TOPIC:PARTITION")
-@click.option("--replicas", required=True, metavar="A,B,C", help="The new replica list, leader first.")
+@click.option(
+    "--replicas", required=True, metavar="A,B,C", help="The new replica list, leader first."
+)
 @_dir_option
 @_json_option
 @_friendly
@@ -503,7 +533,9 @@ def reassign(target, replicas, cluster_dir, as_json):
         return
     click.echo(f"reassignment of {topic_name}:{partition} to replicas {replicas} requested")
     if result["controller"] is None:
-        click.echo("note: no controller is running, so nothing happens until one is elected", err=True)
+        click.echo(
+            "note: no controller is running, so nothing happens until one is elected", err=True
+        )
 
 
 @click.command()

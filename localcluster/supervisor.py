@@ -176,10 +176,18 @@ class StoreEvents:
             return None
         if (before[0], before[1]) != (state.leader, state.leader_epoch):
             who = "no leader (offline)" if state.leader < 0 else f"leader {state.leader} elected"
-            self._emit(f"{name}: {who}, epoch {state.leader_epoch} (was leader {before[0]}), ISR [{isr}]")
+            self._emit(
+                f"{name}: {who}, epoch {state.leader_epoch} (was leader {before[0]}), ISR [{isr}]"
+            )
         elif set(before[2]) != set(state.isr):
             shrank = set(state.isr) < set(before[2])
-            verb = "ISR shrank" if shrank else "ISR expanded" if set(state.isr) > set(before[2]) else "ISR changed"
+            verb = (
+                "ISR shrank"
+                if shrank
+                else "ISR expanded"
+                if set(state.isr) > set(before[2])
+                else "ISR changed"
+            )
             self._emit(f"{name}: {verb} [{','.join(map(str, before[2]))}] -> [{isr}]")
         return None
 

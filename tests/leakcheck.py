@@ -71,7 +71,11 @@ def leaked_processes(marker: str) -> dict[int, str]:
                 continue
             if wanted not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
-            args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            args = [
+                a.decode(errors="replace")
+                for a in (entry / "cmdline").read_bytes().split(b"\0")
+                if a
+            ]
         except (OSError, ValueError):
             continue  # gone meanwhile, or not ours to read
         if _runs_localcluster(args):

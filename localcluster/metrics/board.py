@@ -37,7 +37,9 @@ VERSION = 1
 MAX_BROKERS = 128
 REPLICA_SLOTS = 64
 TOPIC_BYTES = 64  # longer topic names are cut (display only)
-LATENCY_BUCKETS = 26  # bucket i: latency_us in [2**(i-1), 2**i); bucket 0: < 1 us; last: >= 2**24 us
+LATENCY_BUCKETS = (
+    26  # bucket i: latency_us in [2**(i-1), 2**i); bucket 0: < 1 us; last: >= 2**24 us
+)
 READ_RETRIES = 64
 
 HEADER = np.dtype([("magic", "<u8"), ("version", "<u4"), ("max_brokers", "<u4"),
@@ -338,7 +340,9 @@ def percentile_us(buckets, fraction: float) -> float | None:
     rank = fraction * total
     index = int(np.searchsorted(np.cumsum(counts), rank, side="left"))
     index = min(index, LATENCY_BUCKETS - 1)
-    return bucket_upper_us(index) if index < LATENCY_BUCKETS - 1 else float(1 << (LATENCY_BUCKETS - 2))
+    return (
+        bucket_upper_us(index) if index < LATENCY_BUCKETS - 1 else float(1 << (LATENCY_BUCKETS - 2))
+    )
 
 
 def rates(before: BrokerMetrics | None, after: BrokerMetrics, seconds: float) -> BrokerRates:

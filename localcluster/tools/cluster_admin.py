@@ -114,7 +114,9 @@ def delete_topic(spec: ClusterSpec, name: str) -> dict:
 
     with cluster.store(spec) as client:
         if name not in cluster.topics(client):
-            raise ClusterError(f"unknown topic {name!r}; `localcluster topic list` shows the topics")
+            raise ClusterError(
+                f"unknown topic {name!r}; `localcluster topic list` shows the topics"
+            )
         try:
             client.create(paths.delete_topic_path(name), b"", makepath=True)
             already = False
@@ -243,7 +245,9 @@ def _partitions_for(client, target: str | None) -> list[tuple[str, int]]:
         elif not partition.isdigit():
             raise ClusterError(f"{target!r}: write TOPIC or TOPIC:PARTITION (e.g. orders:0)")
         if topic not in cluster.topics(client):
-            raise ClusterError(f"unknown topic {topic!r}; `localcluster topic list` shows the topics")
+            raise ClusterError(
+                f"unknown topic {topic!r}; `localcluster topic list` shows the topics"
+            )
         rows = [r for r in cluster.partition_states(client, [topic])
                 if partition is None or r["partition"] == int(partition)]  # fmt: skip
         if not rows:
@@ -261,12 +265,17 @@ def elect_preferred(spec: ClusterSpec, target: str | None) -> dict:
             raise ClusterError("there are no partitions to elect leaders for; create a topic first")
         body = {"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in chosen]}
         try:
-            client.create(paths.PREFERRED_REPLICA_ELECTION, json.dumps(body).encode(), makepath=True)
+            client.create(
+                paths.PREFERRED_REPLICA_ELECTION, json.dumps(body).encode(), makepath=True
+            )
         except NodeExistsError:
             raise ClusterError("a preferred replica election is already in progress; try again "
                                f"when {paths.PREFERRED_REPLICA_ELECTION} is gone") from None  # fmt: skip
         controller = cluster.controller_id(client)
-    return {"partitions": [{"topic": t, "partition": p} for t, p in chosen], "controller": controller}
+    return {
+        "partitions": [{"topic": t, "partition": p} for t, p in chosen],
+        "controller": controller,
+    }
 
 
 def elect_unclean_supported() -> bool:
@@ -333,7 +342,9 @@ def launch_detached(cluster_dir: Path, spec: ClusterSpec, timeout_s: float,
                 raise ClusterError(f"the supervisor did not start the brokers within {timeout_s:.0f} s; "
                                    f"see {log_path}")  # fmt: skip
             time.sleep(0.02)
-        cluster.wait_registered(spec, pids, max(deadline - time.monotonic(), 1.0), supervisor_failed)
+        cluster.wait_registered(
+            spec, pids, max(deadline - time.monotonic(), 1.0), supervisor_failed
+        )
     except ClusterError:
         stop_cluster(cluster_dir, spec, 10.0)
         raise
@@ -381,7 +392,10 @@ def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict
         cluster.send_signal(supervisor, signal.SIGKILL)
         cluster.wait_gone([supervisor], 5.0)
     cluster.remove_pid_files(cluster_dir, spec)
-    if cluster.read_pid(cluster_dir / cluster.SUPERVISOR_PID) is not None and cluster.supervisor_pid(cluster_dir) is None:
+    if (
+        cluster.read_pid(cluster_dir / cluster.SUPERVISOR_PID) is not None
+        and cluster.supervisor_pid(cluster_dir) is None
+    ):
         (cluster_dir / cluster.SUPERVISOR_PID).unlink(missing_ok=True)
     MetricsBoard.unlink(cluster_dir)
     result.update(supervisor=supervisor, stale_pid_files=stale)
@@ -488,4 +502,3 @@ def coordination_spec(cluster_dir: Path, zookeeper: str | None) -> str:
         return str(cluster_dir / "store")
     hosts = zookeeper.removeprefix("zookeeper://")
     return f"zookeeper://{hosts}"
-

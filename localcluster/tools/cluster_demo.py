@@ -40,7 +40,9 @@ def step(title: str) -> None:
 def run(*args: str, input: str | None = None, show: bool = True, shown_input: str | None = None,
         timeout_s: float = 120) -> subprocess.CompletedProcess:  # fmt: skip
     command = "localcluster " + " ".join(args)
-    console.print(f"[bold]$ {shown_input + ' | ' if shown_input else ''}{command}[/]", soft_wrap=True)
+    console.print(
+        f"[bold]$ {shown_input + ' | ' if shown_input else ''}{command}[/]", soft_wrap=True
+    )
     env = {**os.environ, "COLUMNS": str(max(console.width - 2, 60))}  # tables fit, indented
     result = subprocess.run([sys.executable, "-m", "localcluster", *args], input=input,
                             capture_output=True, text=True, timeout=timeout_s, env=env)  # fmt: skip
@@ -108,7 +110,9 @@ def demo() -> None:
                   f"ISR {after['isr']}[/]")  # fmt: skip
     run("topic", "describe", TOPIC)
 
-    step(f"5. Keep producing: {RECORDS} more records, ISR {after['isr']} still meets min.insync.replicas=2")
+    step(
+        f"5. Keep producing: {RECORDS} more records, ISR {after['isr']} still meets min.insync.replicas=2"
+    )
     produce(RECORDS + 1, RECORDS)
 
     step("6. Consume everything back and compare with what was acknowledged")

@@ -39,8 +39,15 @@ def brokers_table(state: dict) -> Table:
         table.add_column(name, no_wrap=name != "unix socket")
     for b in state["brokers"]:
         if b["alive"]:
-            label = Text("paused (SIGSTOP)", style="yellow") if b["stopped"] else (
-                Text("alive", style="green") if b["registered"] else Text("starting", style="yellow"))
+            label = (
+                Text("paused (SIGSTOP)", style="yellow")
+                if b["stopped"]
+                else (
+                    Text("alive", style="green")
+                    if b["registered"]
+                    else Text("starting", style="yellow")
+                )
+            )
         else:
             label = Text("dead" + (" (stale pid file)" if b["stale_pid_file"] else ""), style="red")
         tcp = f"{b['host']}:{b['port']}" if b["host"] else "-"

@@ -44,7 +44,9 @@ def test_up_on_a_running_cluster_says_so_and_changes_nothing(cli):
 
 
 def test_topics_produce_consume(cli):
-    created = cli.json("topic", "create", "orders", "-p", "2", "-r", "3", "--config", "min.insync.replicas=2")
+    created = cli.json(
+        "topic", "create", "orders", "-p", "2", "-r", "3", "--config", "min.insync.replicas=2"
+    )
     assert [len(p["replicas"]) for p in created["partitions"]] == [3, 3]
     assert "orders" in cli.json("topic", "list")
     described = cli.json("topic", "describe", "orders")
@@ -55,7 +57,9 @@ def test_topics_produce_consume(cli):
     produced = cli.json("produce", "orders", "--acks", "all", "--key-separator", ":",
                         input="\n".join(f"k{i % 3}:{v}" for i, v in enumerate(lines)) + "\n")  # fmt: skip
     assert produced["records"] == 30 and produced["errors"] == 0
-    result = cli.run("consume", "orders", "--from-beginning", "--max-messages", "30", "--json", check=True)
+    result = cli.run(
+        "consume", "orders", "--from-beginning", "--max-messages", "30", "--json", check=True
+    )
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert sorted(r["value"] for r in records) == sorted(lines)
     assert {r["key"] for r in records} == {"k0", "k1", "k2"}
@@ -86,7 +90,9 @@ def test_elect_reassign_and_delete_write_the_admin_znodes(cli):
     wait_until(moved, 30, 0.2, "the controller applies the reassignment")
     result = cli.run("topic", "delete", "moves", check=True)
     assert "deletion of topic moves requested" in result.stdout
-    wait_until(lambda: "moves" not in cli.json("topic", "list"), 30, 0.2, "the controller deletes it")
+    wait_until(
+        lambda: "moves" not in cli.json("topic", "list"), 30, 0.2, "the controller deletes it"
+    )
 
 
 def test_kill_start_shutdown_and_signals(cli):
@@ -186,7 +192,9 @@ def test_bad_input_is_one_line_and_no_traceback(cli, args, code, text):
     assert "Traceback" not in result.stderr
     assert text in result.stderr, result.stderr
     if code == 1:
-        assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+        assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, (
+            result.stderr
+        )
     assert cli.live_pids() == before
 
 

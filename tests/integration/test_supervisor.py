@@ -48,7 +48,9 @@ class Foreground:
                 if text in line:
                     return line
 
-        return wait_until(found, timeout_s, 0.02, f"{text!r} in the supervisor's output: {self.seen[-20:]}")
+        return wait_until(
+            found, timeout_s, 0.02, f"{text!r} in the supervisor's output: {self.seen[-20:]}"
+        )
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -135,7 +137,15 @@ def test_a_cluster_on_a_real_zookeeper(tmp_path, zookeeper_server):
     chroot = f"/localcluster-cli-{uuid.uuid4().hex[:8]}"
     cli = Cli(tmp_path / "cluster")
     try:
-        cli.run("up", "-n", "2", "--detach", "--zookeeper", f"{zookeeper_server.hosts}{chroot}", check=True)
+        cli.run(
+            "up",
+            "-n",
+            "2",
+            "--detach",
+            "--zookeeper",
+            f"{zookeeper_server.hosts}{chroot}",
+            check=True,
+        )
         state = cli.status()
         assert state["coordination"] == f"zookeeper://{zookeeper_server.hosts}{chroot}"
         assert [b["alive"] and b["registered"] for b in state["brokers"]] == [True, True]

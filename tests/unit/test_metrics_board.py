@@ -127,7 +127,9 @@ def test_concurrent_reader_sees_consistent_rows(cluster_dir):
     """messages_in * 3 == bytes_in in every untorn snapshot while another process writes."""
     MetricsBoard.create(cluster_dir)
     reader = MetricsBoard.open_reader(cluster_dir)
-    process = multiprocessing.get_context("fork").Process(target=_hammer, args=(cluster_dir, 100_000))
+    process = multiprocessing.get_context("fork").Process(
+        target=_hammer, args=(cluster_dir, 100_000)
+    )
     process.start()
     checked = 0
     try:
