@@ -234,6 +234,8 @@ class Supervisor:
                          if b not in expected})  # fmt: skip
 
         def failed() -> str | None:
+            if self.stop_requested.is_set():
+                return "interrupted while the brokers were starting; stopping them"
             for pid, broker_id in self._reap():
                 log = cluster.tail(cluster.log_file(self.cluster_dir, broker_id), 8)
                 return (f"broker {broker_id} exited while starting ({self._describe_exit(pid)}); "
