@@ -237,9 +237,10 @@ class Supervisor:
             if self.stop_requested.is_set():
                 return "interrupted while the brokers were starting; stopping them"
             for pid, broker_id in self._reap():
-                log = cluster.tail(cluster.log_file(self.cluster_dir, broker_id), 8)
-                return (f"broker {broker_id} exited while starting ({self._describe_exit(pid)}); "
-                        f"its log:\n{log}")  # fmt: skip
+                last = cluster.tail(cluster.log_file(self.cluster_dir, broker_id), 1).strip()
+                return (f"broker {broker_id} exited while starting ({self._describe_exit(pid)})"
+                        + (f": {last}" if last else "")
+                        + f"; `localcluster logs {broker_id}` has the rest")  # fmt: skip
             return None
 
         cluster.wait_registered(self.spec, expected, timeout_s, failed)

@@ -326,8 +326,9 @@ def launch_detached(cluster_dir: Path, spec: ClusterSpec, timeout_s: float,
 
     def supervisor_failed() -> str | None:
         if process.poll() is not None:
-            return (f"the supervisor exited (code {process.returncode}); its log "
-                    f"({log_path}):\n{cluster.tail(log_path, 12)}")  # fmt: skip
+            last = cluster.tail(log_path, 1).strip()
+            return (f"the supervisor exited (code {process.returncode})"
+                    + (f": {last.split('  ', 1)[-1]}" if last else "") + f"; see {log_path}")  # fmt: skip
         return None
 
     try:
@@ -362,8 +363,10 @@ def start_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int, timeout_s
 
     def failed() -> str | None:
         if process.poll() is not None:
-            log = cluster.tail(cluster.log_file(cluster_dir, broker_id), 8)
-            return f"broker {broker_id} exited while starting (code {process.returncode}); its log:\n{log}"
+            last = cluster.tail(cluster.log_file(cluster_dir, broker_id), 1).strip()
+            return (f"broker {broker_id} exited while starting (exit code {process.returncode})"
+                    + (f": {last}" if last else "")
+                    + f"; `localcluster logs {broker_id}` has the rest")  # fmt: skip
         return None
 
     try:

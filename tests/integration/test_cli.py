@@ -220,3 +220,18 @@ def test_no_cluster_and_stale_pid_files(tmp_path):
     result = stale.run("down", check=True)
     assert "removed 2 stale pid files" in result.stdout
     assert not cluster.pid_file(stale.cluster_dir, 0).exists()
+
+
+def test_a_broker_that_cannot_start_fails_up_in_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = Cli(tmp_path / "cluster")
+    try:
+        line = one_line_error(c.run("up", "-n", "2", "--detach", "--set", f"port={port}"))
+        assert "exited while starting" in line and "Address already in use" in line
+        assert c.live_pids() == {}
+    finally:
+        c.teardown()
