@@ -1,0 +1,622 @@
+"""The engine of `localcluster chaos`: kill -9 brokers under acks=all load, then check.
+
+`run_chaos` starts a cluster in a temp dir (or uses an existing one), creates a topic, runs a
+producer thread writing unique, sequential values per key with acks=all, and meanwhile applies
+a seeded schedule of faults: SIGKILL (the broker is restarted with the same id and data after
+its down time) or SIGSTOP (SIGCONT after its pause) to a partition's leader, a follower, the
+controller, any broker, or the supervisor. At the end every broker is brought back, the
+producer is flushed, the ISRs are waited full, and chaos_check consumes every partition and
+checks that no acknowledged record was lost.
+
+The schedule (`make_schedule`) depends only on the seed and the options, so a seed reproduces
+it; which broker a target names is resolved when the fault fires (the leader of partition 1 is
+whoever leads it then) and printed as it happens. A fault is skipped, and says why, when its
+target is already down or when `max_down` brokers are down.
+
+Rules: every process started here is ended by pid or process group, never by name; the temp
+cluster dir is removed (`down --purge`). Waits have deadlines. The schedule's clock is a
+monotonic one; the acknowledgements carry wall-clock ms to match the brokers' log lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localcluster import cluster
+from localcluster.tools import chaos_check
+
+TARGETS = ("leader", "controller", "follower", "any", "supervisor")
+FAULTS = ("kill", "stop")
+TOPIC_CONFIGS = ("unclean.leader.election.enable", "min.insync.replicas")
+START_TIMEOUT_S = 90.0
+RECOVER_TIMEOUT_S = 120.0
+TICK_S = 0.01
+MONITOR_EVERY_S = 0.1
+ACK_GAP_MS = 1000  # a partition with no acknowledgement for longer is reported unavailable
+
+
+# -- the schedule -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at_ms: int  # from the start of the fault phase
+    fault: str  # kill | stop
+    target: str  # leader | controller | follower | any | supervisor
+    partition: int  # whose leader / follower (leader and follower targets)
+    pick: float  # [0, 1): which of several candidates (follower, any)
+    down_ms: int  # until the restart (kill) or SIGCONT (stop)
+
+    def describe(self) -> str:
+        what = {"leader": f"leader of p{self.partition}", "follower": f"a follower of p{self.partition}",
+                "controller": "the controller", "any": "any broker", "supervisor": "the supervisor"}  # fmt: skip
+        back = "restart" if self.fault == "kill" else "SIGCONT"
+        sig = "SIGKILL" if self.fault == "kill" else "SIGSTOP"
+        return f"t={self.at_ms / 1000:7.3f}s  {sig} {what[self.target]} (pick {self.pick:.2f}), {back} after {self.down_ms} ms"
+
+
+def make_schedule(seed: int, duration_s: float, kill_every_ms: int, targets, faults, partitions: int,
+                  session_timeout_ms: int = 6000) -> list[Fault]:  # fmt: skip
+    """Faults at exponential gaps averaging kill_every_ms (so some come close together, as two
+    failures in a row do). Kills stay down 0.5-3x kill_every_ms; stops pause 0.2-2x, or one in
+    five past the session timeout, so the paused broker is declared dead and later wakes up."""
+    rng = random.Random(seed)
+    out = []
+    t = rng.expovariate(1 / kill_every_ms)
+    while t < duration_s * 1000:
+        fault = rng.choice(list(faults))
+        target = rng.choice(list(targets))
+        partition = rng.randrange(partitions)
+        pick = rng.random()
+        if fault == "kill":
+            down = rng.uniform(0.5, 3.0) * kill_every_ms
+        elif rng.random() < 0.2:
+            down = session_timeout_ms * rng.uniform(1.2, 1.6)
+        else:
+            down = rng.uniform(0.2, 2.0) * kill_every_ms
+        out.append(Fault(int(t), fault, target, partition, round(pick, 4), max(50, int(down))))
+        t += rng.expovariate(1 / kill_every_ms)
+    return out
+
+
+# -- the load -----------------------------------------------------------------------------------
+
+
+class Load:
+    """One producer thread: keys k0..kK-1 round robin, values `key:sequence`, acks=all, at a
+    bounded rate with a bounded number of records in flight."""
+
+    def __init__(self, cluster_dir: Path, topic: str, keys: int, rate: int, max_in_flight: int = 2000):
+        self.cluster_dir, self.topic, self.keys, self.rate = cluster_dir, topic, keys, rate
+        self.acks: list[chaos_check.Ack] = []
+        self.failed: list[tuple[str, int, str]] = []
+        self.sent = 0
+        self.in_flight = threading.BoundedSemaphore(max_in_flight)
+        self.stop_sending = threading.Event()
+        self.producer = None
+        self.thread = threading.Thread(target=self._run, name="chaos-load", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        from localcluster.client import Producer
+
+        self.producer = Producer(cluster_dir=self.cluster_dir, acks="all", linger_ms=5,
+                                 request_timeout_ms=3000, delivery_timeout_ms=300_000,
+                                 retry_backoff_ms=50, max_block_ms=600_000)  # fmt: skip
+        self.thread.start()
+
+    def _run(self) -> None:
+        sequences = [0] * self.keys
+        started = time.monotonic()
+        try:
+            while not self.stop_sending.is_set():
+                due = int((time.monotonic() - started) * self.rate) - self.sent
+                if due <= 0:
+                    time.sleep(0.005)  # pacing the load, not synchronisation
+                    continue
+                for _ in range(min(due, 200)):
+                    k = self.sent % self.keys
+                    key, sequence = f"k{k}", sequences[k]
+                    sequences[k] += 1
+                    while not self.in_flight.acquire(timeout=0.1):
+                        if self.stop_sending.is_set():
+                            return
+                    future = self.producer.send(self.topic, chaos_check.record_value(key, sequence), key=key)
+                    self.sent += 1
+                    future.add_done_callback(lambda f, key=key, sequence=sequence: self._done(f, key, sequence))
+        except BaseException as e:  # noqa: BLE001 (reported by the engine)
+            self.error = e
+
+    def _done(self, future, key: str, sequence: int) -> None:
+        self.in_flight.release()
+        if future.cancelled():
+            self.failed.append((key, sequence, "cancelled"))
+        elif future.exception() is not None:
+            self.failed.append((key, sequence, str(future.exception())))
+        else:
+            partition, offset = future.result()
+            self.acks.append(chaos_check.Ack(key, sequence, partition, offset, int(time.time() * 1000)))
+
+    def finish(self, timeout_s: float) -> None:
+        """Stop sending; wait for what is in flight (acknowledged or failed) up to timeout_s."""
+        self.stop_sending.set()
+        self.thread.join(5)
+        if self.producer is None:
+            return
+        with contextlib.suppress(Exception):
+            self.producer.flush(timeout_s)
+        with contextlib.suppress(Exception):
+            self.producer.close(5)
+
+
+# -- the engine ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Engine:
+    cluster_dir: Path
+    spec: cluster.ClusterSpec
+    topic: str
+    partitions: int
+    max_down: int
+    say: object  # callable(str)
+    started: float = field(default_factory=time.monotonic)
+    down: dict = field(default_factory=dict)  # broker id -> "killed" | "stopped"
+    supervisor_down: str | None = None
+    children: list = field(default_factory=list)  # Popen of brokers and supervisors we started
+    events: list = field(default_factory=list)
+    cycles: int = 0
+    skipped: int = 0
+    unavailable: dict = field(default_factory=lambda: defaultdict(list))  # p -> [[start, end]]
+    _open_windows: dict = field(default_factory=dict)
+    _zk: object = None
+
+    def now_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
+
+    def zk(self):
+        if self._zk is None:
+            from localcluster.coord import connect
+            from localcluster.coord.kafka_zk import KafkaZkClient
+
+            self._zk = KafkaZkClient(connect(self.spec.coordination))
+        return self._zk
+
+    def close(self) -> None:
+        if self._zk is not None:
+            with contextlib.suppress(Exception):
+                self._zk.coord.stop()
+            self._zk = None
+
+    def record(self, action: str, **details) -> None:
+        event = {"t_ms": self.now_ms(), "action": action, **details}
+        self.events.append(event)
+        text = " ".join(f"{k}={v}" for k, v in details.items())
+        self.say(f"  {event['t_ms'] / 1000:7.3f}s  {action} {text}")
+
+    def reap(self) -> None:
+        for process in list(self.children):
+            if process.poll() is not None:
+                self.children.remove(process)
+
+    # -- resolving targets --------------------------------------------------------------------
+
+    def state(self, partition: int):
+        found = self.zk().partition_state(self.topic, partition)
+        return found[0] if found else None
+
+    def resolve(self, fault: Fault) -> tuple[int | None, str]:
+        """The broker a fault names now, or None and why not."""
+        if fault.target == "supervisor":
+            return None, ""
+        if fault.target == "controller":
+            broker = self.zk().controller_id()
+            return (broker, "") if broker is not None else (None, "no controller")
+        up = [b for b in self.spec.brokers if b not in self.down]
+        if fault.target == "any":
+            return up[int(fault.pick * len(up))] if up else None, "no broker up"
+        state = self.state(fault.partition)
+        if state is None or state.leader < 0:
+            return None, f"p{fault.partition} has no leader"
+        if fault.target == "leader":
+            return state.leader, ""
+        replicas = self.zk().assignment(self.topic).partitions[fault.partition]
+        followers = [b for b in replicas if b != state.leader and b not in self.down]
+        if not followers:
+            return None, f"p{fault.partition} has no follower up"
+        return followers[int(fault.pick * len(followers))], ""
+
+    # -- faults and recoveries ----------------------------------------------------------------
+
+    def apply(self, fault: Fault) -> tuple | None:
+        """Fire one fault; returns the recovery to schedule (or None when skipped)."""
+        if fault.target == "supervisor":
+            return self._supervisor_fault(fault)
+        if self.supervisor_down == "restarting":
+            return self._skip(fault, "the supervisor is being restarted")
+        broker, why = self.resolve(fault)
+        if broker is None:
+            return self._skip(fault, why)
+        if broker in self.down:
+            return self._skip(fault, f"broker {broker} is already down")
+        if len(self.down) >= self.max_down:
+            return self._skip(fault, f"{len(self.down)} brokers are down (max {self.max_down})")
+        pid = cluster.broker_pid(self.cluster_dir, broker)
+        if pid is None:
+            return self._skip(fault, f"broker {broker} is not running")
+        if fault.fault == "kill":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            cluster.send_signal(pid, signal.SIGKILL)
+            cluster.wait_gone([pid], 5.0)
+            self.down[broker] = "killed"
+        else:
+            cluster.send_signal(pid, signal.SIGSTOP)
+            self.down[broker] = "stopped"
+        self.record("SIGKILL" if fault.fault == "kill" else "SIGSTOP", broker=broker, pid=pid,
+                    target=fault.target + (f":p{fault.partition}" if fault.target in ("leader", "follower") else ""),
+                    back_in_ms=fault.down_ms)  # fmt: skip
+        return ("broker", broker, pid)
+
+    def _skip(self, fault: Fault, why: str) -> None:
+        self.skipped += 1
+        self.record("skip", target=fault.target, why=repr(why))
+        return None
+
+    def _supervisor_fault(self, fault: Fault):
+        if self.supervisor_down:
+            return self._skip(fault, "the supervisor is already down")
+        pid = cluster.supervisor_pid(self.cluster_dir)
+        if pid is None:
+            return self._skip(fault, "no supervisor runs")
+        if fault.fault == "kill":
+            cluster.send_signal(pid, signal.SIGKILL)
+            cluster.wait_gone([pid], 5.0)
+            self.supervisor_down = "killed"
+        else:
+            cluster.send_signal(pid, signal.SIGSTOP)
+            self.supervisor_down = "stopped"
+        self.record("SIGKILL" if fault.fault == "kill" else "SIGSTOP", supervisor=pid, back_in_ms=fault.down_ms)
+        return ("supervisor", None, pid)
+
+    def recover(self, kind: str, broker: int | None, pid: int) -> bool:
+        """Undo one fault; False when it must wait (a supervisor restart waits for every broker
+        to be up, so that it spawns none of them while we restart them too)."""
+        if kind == "supervisor":
+            if self.supervisor_down == "stopped":
+                cluster.send_signal(pid, signal.SIGCONT)
+                self.supervisor_down = None
+                self.record("SIGCONT", supervisor=pid)
+                self.cycles += 1
+                return True
+            if self.down:
+                self.supervisor_down = "restarting"  # no broker faults until it runs
+                return False
+            self.restart_supervisor()
+            return True
+        state = self.down.pop(broker, None)
+        if state == "stopped":
+            cluster.send_signal(pid, signal.SIGCONT)
+            self.record("SIGCONT", broker=broker, pid=pid)
+        elif state == "killed":
+            if cluster.broker_pid(self.cluster_dir, broker) is None:
+                process = cluster.spawn_broker(self.cluster_dir, self.spec, broker)
+                self.children.append(process)
+                self.record("restart", broker=broker, pid=process.pid)
+            else:
+                self.record("restart", broker=broker, why="'already running'")
+        self.cycles += 1
+        return True
+
+    def restart_supervisor(self) -> None:
+        log_path = self.cluster_dir / cluster.SUPERVISOR_LOG
+        with open(log_path, "ab") as out:
+            process = subprocess.Popen([sys.executable, "-m", "localcluster.supervisor", "--dir", str(self.cluster_dir)],
+                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True, cwd=self.cluster_dir, env=cluster.child_env())  # fmt: skip
+        self.children.append(process)
+        deadline = time.monotonic() + 30
+        while cluster.supervisor_pid(self.cluster_dir) != process.pid and process.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        self.supervisor_down = None
+        self.cycles += 1
+        self.record("restart", supervisor=process.pid)
+
+    # -- availability -------------------------------------------------------------------------
+
+    def monitor(self) -> None:
+        """Note when a partition has no leader that serves (none, dead, or paused)."""
+        try:
+            live = set(self.zk().live_brokers())
+        except Exception:  # noqa: BLE001 (a torn read of the store: try at the next tick)
+            return
+        now = self.now_ms()
+        for p in range(self.partitions):
+            state = self.state(p)
+            serving = (state is not None and state.leader in live
+                       and self.down.get(state.leader) != "stopped")  # fmt: skip
+            if not serving and p not in self._open_windows:
+                self._open_windows[p] = now
+            elif serving and p in self._open_windows:
+                self.unavailable[p].append([self._open_windows.pop(p), now])
+
+    def close_windows(self) -> None:
+        for p, start in self._open_windows.items():
+            self.unavailable[p].append([start, self.now_ms()])
+        self._open_windows.clear()
+
+    # -- the fault phase ----------------------------------------------------------------------
+
+    def run(self, schedule: list[Fault], duration_s: float) -> None:
+        queue = [(f.at_ms, i, "fault", f) for i, f in enumerate(schedule)]
+        heapq.heapify(queue)
+        counter = len(queue)
+        next_monitor = 0.0
+        end_ms = duration_s * 1000
+        while queue and self.now_ms() < end_ms + 60_000:
+            at, _, kind, item = queue[0]
+            now = self.now_ms()
+            if time.monotonic() >= next_monitor:
+                self.monitor()
+                self.reap()
+                next_monitor = time.monotonic() + MONITOR_EVERY_S
+            if at > now:
+                time.sleep(min(TICK_S, (at - now) / 1000))  # the schedule's timeline
+                continue
+            heapq.heappop(queue)
+            if kind == "fault":
+                if at >= end_ms:
+                    continue
+                recovery = self.apply(item)
+                if recovery is not None:
+                    counter += 1
+                    heapq.heappush(queue, (now + item.down_ms, counter, "recover", recovery))
+            elif not self.recover(*item):
+                counter += 1
+                heapq.heappush(queue, (now + 50, counter, "recover", item))
+            if self.now_ms() >= end_ms and all(k == "fault" for _, _, k, _ in queue):
+                break
+        self.recover_all()
+
+    def recover_all(self) -> None:
+        """Every broker back (and the supervisor); called at the end and on errors."""
+        for broker in list(self.down):
+            state = self.down[broker]
+            pid = cluster.read_pid(cluster.pid_file(self.cluster_dir, broker)) or 0
+            self.recover("broker", broker, pid) if state == "killed" else self._cont(broker)
+        if self.supervisor_down == "stopped":
+            pid = cluster.read_pid(self.cluster_dir / cluster.SUPERVISOR_PID)
+            if pid:
+                cluster.send_signal(pid, signal.SIGCONT)
+            self.supervisor_down = None
+        elif self.supervisor_down:
+            self.restart_supervisor()
+
+    def _cont(self, broker: int) -> None:
+        self.down.pop(broker, None)
+        pid = cluster.broker_pid(self.cluster_dir, broker)
+        if pid is not None:
+            cluster.send_signal(pid, signal.SIGCONT)
+            self.record("SIGCONT", broker=broker, pid=pid)
+        self.cycles += 1
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def wait_all_registered(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            live = cluster.live_brokers(self.cluster_dir, self.spec)
+            try:
+                regs = self.zk().live_brokers()
+            except Exception:  # noqa: BLE001
+                regs = {}
+            if len(live) == len(self.spec.brokers) and all(b in regs and regs[b].pid == pid
+                                                           for b, pid in live.items()):  # fmt: skip
+                return
+            if time.monotonic() > deadline:
+                raise cluster.ClusterError(f"brokers did not all come back within {timeout_s:.0f} s "
+                                           f"(running: {sorted(live)}, registered: {sorted(regs)})")  # fmt: skip
+            missing = [b for b in self.spec.brokers if b not in live and b not in self.down]
+            for broker in missing:  # died on their own (or a restart failed): start again
+                if not any(p.args[4] == str(broker) and p.poll() is None for p in self.children
+                           if "localcluster.broker" in p.args):  # fmt: skip
+                    self.children.append(cluster.spawn_broker(self.cluster_dir, self.spec, broker))
+                    self.record("restart", broker=broker, why="'found dead at the end'")
+            self.reap()
+            time.sleep(0.05)
+
+    def wait_isr_full(self, timeout_s: float) -> list[str]:
+        """Until every partition's ISR is its whole assignment and every replica's log ends
+        where the leader's does. Returns what was still short at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            short = []
+            assignment = self.zk().assignment(self.topic).partitions
+            for p in range(self.partitions):
+                state = self.state(p)
+                if state is None or state.leader < 0 or set(state.isr) != set(assignment[p]):
+                    short.append(f"p{p}: leader {state.leader if state else -1}, ISR "
+                                 f"{list(state.isr) if state else []} of {list(assignment[p])}")  # fmt: skip
+                    continue
+                ends = {b: chaos_check.log_end_offset(chaos_check.partition_dir(
+                    self.cluster_dir, self.spec, b, self.topic, p)) for b in assignment[p]}  # fmt: skip
+                if len(set(ends.values())) > 1:
+                    short.append(f"p{p}: log ends {ends}")
+            if not short or time.monotonic() > deadline:
+                return short
+            time.sleep(0.1)
+
+
+# -- starting and stopping a cluster ------------------------------------------------------------
+
+
+def cli(*args: str, timeout_s: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localcluster", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env=cluster.child_env())  # fmt: skip
+
+
+def start_cluster(cluster_dir: Path, brokers: int, settings: dict[str, str]) -> None:
+    args = ["up", "-n", str(brokers), "--dir", str(cluster_dir), "--detach"]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    result = cli(*args)
+    if result.returncode != 0:
+        raise cluster.ClusterError(f"`localcluster up` failed ({result.returncode}): "
+                                   f"{(result.stderr or result.stdout).strip()}")  # fmt: skip
+
+
+def stop_cluster(cluster_dir: Path, children: list) -> None:
+    """down --purge; then SIGKILL by process group whatever still runs; reap our children."""
+    spec = None
+    with contextlib.suppress(cluster.ClusterError):
+        spec = cluster.load_spec(cluster_dir)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        cli("down", "--purge", "--timeout", "10", "--dir", str(cluster_dir), timeout_s=60)
+    pids = list(cluster.live_brokers(cluster_dir, spec).values()) if spec and cluster_dir.exists() else []
+    supervisor = cluster.supervisor_pid(cluster_dir) if cluster_dir.exists() else None
+    for pid in pids + [p.pid for p in children if p.poll() is None] + ([supervisor] if supervisor else []):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGCONT)
+            os.killpg(pid, signal.SIGKILL)
+    for process in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)
+    with contextlib.suppress(Exception):
+        cluster.purge(cluster_dir, spec)
+    shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
+def create_topic(cluster_dir: Path, topic: str, partitions: int, replication_factor: int,
+                 config: dict[str, str]) -> None:  # fmt: skip
+    from localcluster.client import Admin
+
+    with Admin(cluster_dir=cluster_dir) as admin:
+        admin.create_topic(topic, partitions, replication_factor, config)
+        admin.wait_for_leaders(topic, 30)
+
+
+def unavailability(engine: Engine, acks, started_wall_ms: int, partitions: int) -> dict:
+    """Per partition: windows with no serving leader (from the store) and gaps with no
+    acknowledgement longer than ACK_GAP_MS (from the producer), in ms from the start."""
+    out = {}
+    by_partition = defaultdict(list)
+    for a in acks:
+        by_partition[a.partition].append(a.acked_ms - started_wall_ms)
+    for p in range(partitions):
+        times = sorted(by_partition[p])
+        gaps = [[a, b] for a, b in zip(times, times[1:], strict=False) if b - a > ACK_GAP_MS]
+        windows = engine.unavailable.get(p, [])
+        out[str(p)] = {"no_leader_ms": sum(b - a for a, b in windows), "no_leader_windows": windows,
+                       "ack_gaps_ms": sum(b - a for a, b in gaps), "ack_gaps": gaps}  # fmt: skip
+    return out
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("leader", "controller", "follower", "any"),
+              faults=("kill",), seed: int | None = None, cluster_dir: Path | None = None,
+              settings: dict[str, str] | None = None, brokers: int = 3, partitions: int = 3,
+              replication_factor: int = 3, min_insync_replicas: int = 2, rate: int = 1000,
+              max_down: int | None = None, topic: str | None = None, say=print) -> dict:  # fmt: skip
+    """Run the chaos and return the report (see docs/chaos.md). `say` gets the progress lines."""
+    seed = random.SystemRandom().randrange(2**32) if seed is None else seed
+    settings = dict(settings or {})
+    own_dir = cluster_dir is None
+    if own_dir:
+        cluster_dir = Path(tempfile.mkdtemp(prefix="localcluster-chaos-"))
+    cluster_dir = Path(cluster_dir).resolve()
+    children: list = []
+    engine = load = None
+    try:
+        if own_dir:
+            say(f"chaos: starting {brokers} brokers in {cluster_dir}"
+                + (f" with {', '.join(f'{k}={v}' for k, v in settings.items())}" if settings else ""))  # fmt: skip
+            start_cluster(cluster_dir, brokers, settings)
+        spec = cluster.load_spec(cluster_dir)
+        brokers = len(spec.brokers)
+        effective = {**spec.settings, **settings}
+        topic = topic or ("chaos" if own_dir else f"chaos-{seed}-{int(time.time())}")
+        topic_config = {"min.insync.replicas": str(min_insync_replicas)}
+        topic_config.update({k: v for k, v in settings.items() if k in TOPIC_CONFIGS})
+        create_topic(cluster_dir, topic, partitions, replication_factor, topic_config)
+        session_ms = int(effective.get("zookeeper.session.timeout.ms", 6000))
+        schedule = make_schedule(seed, duration_s, kill_every_ms, targets, faults, partitions, session_ms)
+        say(f"chaos: seed {seed}, {len(schedule)} faults over {duration_s:g} s on topic {topic} "
+            f"({partitions} partitions, RF {replication_factor}, min.insync.replicas "
+            f"{topic_config['min.insync.replicas']}); schedule:")  # fmt: skip
+        for fault in schedule:
+            say("  " + fault.describe())
+        engine = Engine(cluster_dir, spec, topic, partitions,
+                        max_down if max_down is not None else max(1, brokers - 1), say)  # fmt: skip
+        engine.children = children
+        started_wall_ms = int(time.time() * 1000)
+        load = Load(cluster_dir, topic, keys=2 * partitions, rate=rate)
+        load.start()
+        say("chaos: faults as they happen:")
+        engine.started = time.monotonic()
+        engine.run(schedule, duration_s)
+        fault_phase_s = engine.now_ms() / 1000
+        say(f"chaos: fault phase over after {fault_phase_s:.1f} s ({engine.cycles} cycles, "
+            f"{engine.skipped} skipped); waiting for every broker")  # fmt: skip
+        engine.wait_all_registered(RECOVER_TIMEOUT_S)
+        load.finish(RECOVER_TIMEOUT_S)
+        engine.close_windows()
+        say(f"chaos: {load.sent} records sent, {len(load.acks)} acknowledged, {len(load.failed)} failed; "
+            "waiting for full ISRs")  # fmt: skip
+        short = engine.wait_isr_full(RECOVER_TIMEOUT_S)
+        if short:
+            say(f"chaos: ISRs still short after {RECOVER_TIMEOUT_S:.0f} s: {'; '.join(short)}")
+        result = chaos_check.check(cluster_dir, topic, load.acks, since_ms=started_wall_ms - 1000)
+        if short:
+            result["problems"].append(f"ISRs not full at the end: {'; '.join(short)}")
+        failures = defaultdict(int)
+        for _, _, error in load.failed:
+            failures[error.split(":")[0][:80]] += 1
+        report = {
+            "verdict": result["verdict"], "seed": seed, "duration_s": duration_s,
+            "kill_every_ms": kill_every_ms, "targets": list(targets), "faults": list(faults),
+            "settings": effective, "brokers": brokers, "topic": topic, "partitions": partitions,
+            "replication_factor": replication_factor, "min_insync_replicas": int(topic_config["min.insync.replicas"]),
+            "cycles": engine.cycles, "skipped": engine.skipped, "fault_phase_s": round(fault_phase_s, 3),
+            "sent": load.sent, "acknowledged": len(load.acks), "failed": len(load.failed),
+            "failures": dict(failures), "lost": result["lost"], "lost_records": result["lost_records"],
+            "lost_by_partition": result["lost_by_partition"], "duplicated": result["duplicated"],
+            "moved": result["moved"], "moved_records": result["moved_records"],
+            "unacknowledged_present": result["unacknowledged_present"], "problems": result["problems"],
+            "partition_states": result["partitions"],
+            "unavailability": unavailability(engine, load.acks, started_wall_ms, partitions),
+            "schedule": [fault.describe() for fault in schedule], "events": engine.events,
+            "cluster_dir": None if own_dir else str(cluster_dir),
+        }  # fmt: skip
+        if load.error is not None:
+            report["problems"].append(f"the producer thread failed: {load.error!r}")
+        return report
+    finally:
+        if load is not None and not load.stop_sending.is_set():
+            load.finish(5)
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                if not own_dir:
+                    engine.recover_all()
+            engine.close()
+        if own_dir:
+            stop_cluster(cluster_dir, children)
+        else:
+            for process in children:
+                process.returncode = process.returncode if process.returncode is not None else 0

@@ -1,0 +1,335 @@
+"""The durability checker of `localcluster chaos`: was every acknowledged record kept?
+
+Given the records a producer saw acknowledged (key, sequence number, value, partition,
+offset, wall-clock time of the acknowledgement) and a cluster dir whose brokers are all back
+with full ISRs, it consumes every partition from its start to the high watermark and checks:
+
+- every acknowledged record is present exactly once, at the offset it was acknowledged at
+  (a record present twice is a duplicate from a producer retry: counted, never hidden;
+  a record absent is lost; a record at another offset moved);
+- the consumed offsets are contiguous and increasing, from the log start to the HW;
+- every replica's log is byte-identical to the leader's below the HW (segment files read
+  read-only with plain mmaps, never through Log.open, which would recover a live log);
+- no two brokers led a partition in the same leader epoch (the brokers' "leading T-P in
+  epoch E" log lines), and the batches' partitionLeaderEpoch never decreases along a log.
+
+For each lost record it looks for the reason in the brokers' logs: the leader it was
+acknowledged by, the first later leader whose log ended at or below its offset when elected,
+whether that election was unclean, and the truncations that cut it.
+
+Rules: read-only. Nothing here writes to a broker's files or to the store.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from localcluster import cluster
+from localcluster.storage import record_batch as rb
+
+LOSS_EXAMPLES = 50  # lost records listed in full in a report; the count is always complete
+CONSUME_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """One record the producer saw acknowledged (acks=all)."""
+
+    key: str
+    sequence: int
+    partition: int
+    offset: int
+    acked_ms: int  # wall clock, to match the brokers' log lines
+
+    @property
+    def value(self) -> str:
+        return record_value(self.key, self.sequence)
+
+
+def record_value(key: str, sequence: int) -> str:
+    return f"{key}:{sequence:09d}"
+
+
+def parse_value(value: bytes | None) -> tuple[str, int] | None:
+    try:
+        key, _, sequence = value.decode().rpartition(":")
+        return (key, int(sequence)) if key else None
+    except (AttributeError, UnicodeDecodeError, ValueError):
+        return None
+
+
+# -- reading logs -------------------------------------------------------------------------------
+
+
+def log_batches(partition_dir: Path) -> list[tuple[rb.BatchHeader, bytes]]:
+    """Every valid batch in a partition directory's segments, in order, read-only."""
+    out = []
+    for segment in sorted(partition_dir.glob("*.log")):
+        try:
+            size = segment.stat().st_size
+        except FileNotFoundError:
+            continue  # rolled or deleted meanwhile
+        if not size:
+            continue
+        with open(segment, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            position = 0
+            while position + rb.HEADER_SIZE <= size:
+                try:
+                    header = rb.validate_batch(mm, position)
+                except rb.CorruptRecordError:
+                    break  # preallocated zeros (or a torn tail) end the data
+                out.append((header, bytes(mm[position : position + header.size])))
+                position += header.size
+    return out
+
+
+def log_end_offset(partition_dir: Path) -> int:
+    batches = log_batches(partition_dir)
+    return batches[-1][0].next_offset if batches else 0
+
+
+def partition_dir(cluster_dir: Path, spec, broker_id: int, topic: str, partition: int) -> Path:
+    return cluster.data_dir_of(cluster_dir, spec, broker_id) / f"{topic}-{partition}"
+
+
+# -- broker log lines ---------------------------------------------------------------------------
+
+_STAMP = r"(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) broker-(?P<broker>\d+) \w+ [\w.]+: "
+LEADING = re.compile(_STAMP + r"leading (?P<topic>.+)-(?P<partition>\d+) in epoch (?P<epoch>\d+), "
+                     r"ISR \[(?P<isr>[\d, ]*)\], offsets \[(?P<start>\d+), (?P<end>\d+)\), HW (?P<hw>\d+)")  # fmt: skip
+ELECTED = re.compile(_STAMP + r"controller \d+: (?P<topic>.+)-(?P<partition>\d+): leader (?P<leader>-?\d+) "
+                     r"elected \((?P<election>\w+)\) in epoch (?P<epoch>\d+), ISR \[(?P<isr>[\d, ]*)\]"
+                     r"(?P<unclean> UNCLEAN)?")  # fmt: skip
+TRUNCATED = re.compile(_STAMP + r"follower (?P<topic>.+)-(?P<partition>\d+) truncated to (?P<offset>\d+)")
+FOLLOWING = re.compile(_STAMP + r"following (?P<topic>.+)-(?P<partition>\d+): leader (?P<leader>-?\d+) in "
+                       r"epoch (?P<epoch>\d+), offsets \[(?P<start>\d+), (?P<end>\d+)\), HW (?P<hw>\d+)")  # fmt: skip
+
+
+def _ms(stamp: str) -> int:
+    return int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    kind: str  # leading | elected | truncated | following
+    ms: int
+    broker: int
+    topic: str
+    partition: int
+    fields: dict
+
+
+def broker_log_events(cluster_dir: Path, broker_ids, topic: str, since_ms: int = 0) -> list[LogEvent]:
+    """The leadership, election and truncation lines of every broker's log, by time."""
+    patterns = (("leading", LEADING), ("elected", ELECTED), ("truncated", TRUNCATED),
+                ("following", FOLLOWING))  # fmt: skip
+    events = []
+    for broker_id in broker_ids:
+        try:
+            text = cluster.log_file(cluster_dir, broker_id).read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if topic not in line:
+                continue
+            for kind, pattern in patterns:
+                m = pattern.search(line)
+                if m and m["topic"] == topic:
+                    ms = _ms(m["stamp"])
+                    if ms >= since_ms:
+                        events.append(LogEvent(kind, ms, int(m["broker"]), m["topic"], int(m["partition"]),
+                                               m.groupdict()))  # fmt: skip
+                    break
+    events.sort(key=lambda e: (e.ms, e.kind != "elected"))
+    return events
+
+
+# -- the checks ---------------------------------------------------------------------------------
+
+
+def consume_all(cluster_dir: Path, topic: str, partitions: list[int],
+                timeout_s: float = CONSUME_TIMEOUT_S) -> tuple[dict, dict]:  # fmt: skip
+    """{partition: [(offset, value bytes)]} from the log start to the HW, and {partition: HW}."""
+    from localcluster.client import Consumer
+
+    tps = [(topic, p) for p in partitions]
+    out = {p: [] for p in partitions}
+    with Consumer(cluster_dir=cluster_dir, auto_offset_reset="earliest", request_timeout_ms=10_000) as consumer:
+        consumer.assign(tps)
+        consumer.seek_to_beginning(tps)
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                short = {tp[1]: (consumer.position(tp), ends[tp]) for tp in tps}
+                raise TimeoutError(f"could not consume to the HW within {timeout_s:.0f} s: {short}")
+            for record in consumer.poll(500):
+                if record.offset < ends[(record.topic, record.partition)]:
+                    out[record.partition].append((record.offset, record.value))
+    return out, {tp[1]: ends[tp] for tp in tps}
+
+
+def check_offsets(consumed: list[tuple[int, bytes]], log_start: int, high_watermark: int) -> list[str]:
+    problems = []
+    expected = log_start
+    for offset, _ in consumed:
+        if offset != expected:
+            problems.append(f"offset {offset} follows {expected - 1} (expected {expected})")
+            if len(problems) > 10:
+                break
+        expected = offset + 1
+    if expected != high_watermark and len(problems) <= 10:
+        problems.append(f"records end at offset {expected}, the HW is {high_watermark}")
+    return problems
+
+
+def check_replicas(cluster_dir: Path, spec, topic: str, partition: int, leader: int, replicas,
+                   high_watermark: int) -> list[str]:  # fmt: skip
+    """Every replica's batches below the HW are byte-identical to the leader's."""
+    def below(broker_id):
+        return [(h, data) for h, data in log_batches(partition_dir(cluster_dir, spec, broker_id, topic, partition))
+                if h.base_offset < high_watermark]  # fmt: skip
+
+    problems = []
+    reference = below(leader)
+    if reference and reference[-1][0].next_offset != high_watermark:
+        problems.append(f"the leader {leader}'s batches below the HW end at "
+                        f"{reference[-1][0].next_offset}, not at the HW {high_watermark}")  # fmt: skip
+    epochs = [h.partition_leader_epoch for h, _ in reference]
+    if any(b < a for a, b in zip(epochs, epochs[1:], strict=False)):
+        problems.append(f"the leader {leader}'s batches' leader epochs decrease along the log")
+    for broker_id in replicas:
+        if broker_id == leader:
+            continue
+        other = below(broker_id)
+        if [d for _, d in other] == [d for _, d in reference]:
+            continue
+        for (ha, da), (hb, db) in zip(reference, other, strict=False):
+            if da != db:
+                problems.append(f"replica {broker_id} differs from the leader {leader} at offset "
+                                f"{min(ha.base_offset, hb.base_offset)} (epochs {ha.partition_leader_epoch} "
+                                f"vs {hb.partition_leader_epoch})")  # fmt: skip
+                break
+        else:
+            problems.append(f"replica {broker_id} holds {len(other)} batches below the HW, the leader "
+                            f"{leader} {len(reference)}")  # fmt: skip
+    return problems
+
+
+def check_epochs(events: list[LogEvent]) -> list[str]:
+    """No two brokers led one partition in one leader epoch."""
+    leaders = defaultdict(set)
+    for e in events:
+        if e.kind == "leading":
+            leaders[(e.partition, int(e.fields["epoch"]))].add(e.broker)
+    return [f"{p}: brokers {sorted(b)} both led in epoch {epoch}"
+            for (p, epoch), b in sorted(leaders.items()) if len(b) > 1]  # fmt: skip
+
+
+def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) -> str:
+    """Why `ack` is gone, from the leadership, election and truncation lines."""
+    mine = [e for e in events if e.partition == ack.partition]
+    leading = [e for e in mine if e.kind == "leading"]
+    before = [e for e in leading if e.ms <= ack.acked_ms]
+    where = f"acknowledged at offset {ack.offset} of {topic}-{ack.partition}"
+    epoch = int(before[-1].fields["epoch"]) if before else None
+    if before:
+        where += f" in epoch {epoch} (leader {before[-1].broker})"
+    for e in leading:
+        if epoch is None or int(e.fields["epoch"]) <= epoch or e.ms < ack.acked_ms:
+            continue
+        end = int(e.fields["end"])
+        if end > ack.offset:
+            continue
+        new_epoch = int(e.fields["epoch"])
+        reason = (f"{where}; the replica elected in epoch {new_epoch} (broker {e.broker}) did not "
+                  f"have it: its log ended at {end}")  # fmt: skip
+        elected = [x for x in mine if x.kind == "elected" and int(x.fields["epoch"]) == new_epoch]
+        if elected and elected[0].fields.get("unclean"):
+            reason += " (an unclean election: it was not in the ISR)"
+        cuts = [x for x in mine if x.kind == "truncated" and x.broker == e.broker
+                and int(x.fields["offset"]) <= ack.offset and ack.acked_ms - 60_000 <= x.ms <= e.ms]  # fmt: skip
+        if cuts:
+            reason += (f"; it had truncated to {cuts[-1].fields['offset']}"
+                       + (" (hw-truncation: a follower cuts to its own HW)" if protocol == "hw-truncation" else ""))
+        return reason
+    return f"{where}; no later leader's log ended below it (no election in the brokers' logs explains it)"
+
+
+def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
+          consumed: dict | None = None, high_watermarks: dict | None = None) -> dict:  # fmt: skip
+    """Consume, compare, and report. `since_ms` limits the log lines read to this run."""
+    from localcluster.coord import connect
+    from localcluster.coord.kafka_zk import KafkaZkClient
+
+    spec = cluster.load_spec(cluster_dir)
+    protocol = spec.settings.get("replication.protocol", "leader-epoch")
+    zk = KafkaZkClient(connect(spec.coordination))
+    try:
+        assignment = zk.assignment(topic)
+        partitions = sorted(assignment.partitions)
+        states = {p: zk.partition_state(topic, p) for p in partitions}
+    finally:
+        zk.coord.stop()
+    if consumed is None:
+        consumed, high_watermarks = consume_all(cluster_dir, topic, partitions)
+    events = broker_log_events(cluster_dir, spec.brokers, topic, since_ms)
+    report = {"topic": topic, "acknowledged": len(acks), "lost": 0, "lost_records": [], "moved": 0,
+              "moved_records": [], "duplicated": 0, "unacknowledged_present": 0, "partitions": {},
+              "problems": []}  # fmt: skip
+    acked_by_value = {(a.key, a.sequence): a for a in acks}
+    found: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for p in partitions:
+        records = consumed.get(p, [])
+        hw = high_watermarks[p]
+        log_start = records[0][0] if records else hw
+        state, _ = states[p] or (None, None)
+        row = {"high_watermark": hw, "records": len(records), "leader": state.leader if state else -1,
+               "leader_epoch": state.leader_epoch if state else -1,
+               "isr": list(state.isr) if state else [], "duplicated": 0}  # fmt: skip
+        problems = [f"{topic}-{p}: {x}" for x in check_offsets(records, 0, hw)]
+        if state is not None and state.leader >= 0:
+            problems += [f"{topic}-{p}: {x}" for x in check_replicas(
+                cluster_dir, spec, topic, p, state.leader, assignment.partitions[p], hw)]  # fmt: skip
+        for offset, value in records:
+            parsed = parse_value(value)
+            if parsed is None:
+                problems.append(f"{topic}-{p}: offset {offset} holds a record chaos did not write")
+                continue
+            found[parsed].append((p, offset))
+        seen = defaultdict(int)
+        for offset, value in records:
+            parsed = parse_value(value)
+            if parsed:
+                seen[parsed] += 1
+        row["duplicated"] = sum(n - 1 for n in seen.values() if n > 1)
+        row["log_start_offset"] = log_start
+        report["partitions"][str(p)] = row
+        report["problems"] += problems
+    report["duplicated"] = sum(r["duplicated"] for r in report["partitions"].values())
+    report["problems"] += [f"{topic}-{x}" for x in check_epochs(events)]
+    lost = []
+    for a in acks:
+        places = found.get((a.key, a.sequence), [])
+        if not places:
+            lost.append(a)
+        elif (a.partition, a.offset) not in places:
+            report["moved"] += 1
+            if len(report["moved_records"]) < LOSS_EXAMPLES:
+                report["moved_records"].append({"value": a.value, "partition": a.partition,
+                                                "acked_offset": a.offset, "found_at": places})  # fmt: skip
+    report["unacknowledged_present"] = sum(1 for k in found if k not in acked_by_value)
+    report["lost"] = len(lost)
+    for a in lost[:LOSS_EXAMPLES]:
+        report["lost_records"].append({"value": a.value, "partition": a.partition, "offset": a.offset,
+                                       "acked_ms": a.acked_ms,
+                                       "reason": explain_loss(a, topic, events, protocol)})  # fmt: skip
+    report["lost_by_partition"] = {str(p): sum(1 for a in lost if a.partition == p) for p in partitions}
+    report["verdict"] = "LOSS" if lost else ("VIOLATION" if report["problems"] or report["moved"] else "OK")
+    return report

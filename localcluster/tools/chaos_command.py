@@ -1,0 +1,131 @@
+"""`localcluster chaos`: the click face of tools/chaos.py (parse, run, render).
+
+Exit codes: 0 no acknowledged record was lost and no other check failed, 1 loss (or another
+durability violation: a record at another offset than acknowledged, replicas that differ
+below the HW, two leaders in one epoch, holes in the offsets) or the run itself failed,
+2 usage. Register it with `main.add_command(chaos)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+def _csv(allowed):
+    def parse(ctx, param, value):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        unknown = [v for v in items if v not in allowed]
+        if not items or unknown:
+            raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: choose from {','.join(allowed)}")
+        return tuple(dict.fromkeys(items))
+
+    return parse
+
+
+def _settings(ctx, param, values):
+    out = {}
+    for text in values:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{text!r} is not key=value")
+        out[key.strip()] = value.strip()
+    if out:
+        from localcluster.broker.config import BrokerConfig, ConfigError
+
+        try:
+            BrokerConfig.from_properties(dict(out), broker_id=0)
+        except ConfigError as e:
+            raise click.BadParameter(str(e)) from None
+    return out
+
+
+@click.command()
+@click.option("--duration", "duration_s", default=60.0, show_default=True, type=click.FloatRange(0.5, 86_400),
+              help="Seconds of faults under load.")  # fmt: skip
+@click.option("--kill-every", "kill_every_ms", default=500, show_default=True, type=click.IntRange(20, 3_600_000),
+              help="Mean ms between faults (exponential gaps).")  # fmt: skip
+@click.option("--targets", default="leader,controller,follower,any", show_default=True,
+              callback=_csv(("leader", "controller", "follower", "any", "supervisor")),
+              help="Whom faults hit (comma-separated).")  # fmt: skip
+@click.option("--faults", default="kill", show_default=True, callback=_csv(("kill", "stop")),
+              help="kill: SIGKILL then restart; stop: SIGSTOP then SIGCONT.")  # fmt: skip
+@click.option("--seed", type=click.IntRange(0, 2**63), default=None, help="Seed of the schedule (default: random, printed).")
+@click.option("--brokers", default=3, show_default=True, type=click.IntRange(2, 16),
+              help="Brokers of the cluster chaos starts (ignored with --dir).")  # fmt: skip
+@click.option("--partitions", default=3, show_default=True, type=click.IntRange(1, 64))
+@click.option("--replication-factor", default=3, show_default=True, type=click.IntRange(1, 16))
+@click.option("--min-insync-replicas", default=2, show_default=True, type=click.IntRange(1, 16),
+              help="The topic's min.insync.replicas.")  # fmt: skip
+@click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Records per second the producer offers.")  # fmt: skip
+@click.option("--max-down", default=None, type=click.IntRange(1, 16),
+              help="At most this many brokers down at once (default: brokers - 1).")  # fmt: skip
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", callback=_settings,
+              help="A broker property for the cluster chaos starts, e.g. unclean.leader.election.enable=true "
+                   "or replication.protocol=hw-truncation (repeatable).")  # fmt: skip
+@click.option("--dir", "cluster_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="Run against this running cluster instead of a fresh one in a temp dir.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
+def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions, replication_factor,
+          min_insync_replicas, rate, max_down, settings, cluster_dir, as_json):  # fmt: skip
+    """Kill -9 (and SIGSTOP) brokers under acks=all load; prove no acknowledged record was lost.
+
+    Prints the seeded schedule, the faults as they happen, a verdict and a JSON report
+    (acknowledged, lost with reasons, duplicated, unavailability per partition).
+    """
+    from localcluster import cluster
+    from localcluster.tools.chaos import run_chaos
+
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", cluster.hypothesis_cache())
+    if replication_factor > brokers and cluster_dir is None:
+        raise click.BadParameter(f"{replication_factor} > --brokers {brokers}", param_hint="--replication-factor")
+    if min_insync_replicas > replication_factor:
+        raise click.BadParameter(f"{min_insync_replicas} > --replication-factor {replication_factor}",
+                                 param_hint="--min-insync-replicas")  # fmt: skip
+    if cluster_dir is not None:
+        cluster_dir = cluster.resolve_dir(cluster_dir)
+        if not cluster.spec_path(cluster_dir).exists():
+            click.echo(f"error: no cluster in {cluster_dir}; start one with `localcluster up` or omit --dir", err=True)
+            sys.exit(1)
+
+    def say(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    try:
+        report = run_chaos(duration_s=duration_s, kill_every_ms=kill_every_ms, targets=targets, faults=faults,
+                           seed=seed, cluster_dir=cluster_dir, settings=settings, brokers=brokers,
+                           partitions=partitions, replication_factor=replication_factor,
+                           min_insync_replicas=min_insync_replicas, rate=rate, max_down=max_down, say=say)  # fmt: skip
+    except cluster.ClusterError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        render(report, say)
+    sys.exit(0 if report["verdict"] == "OK" else 1)
+
+
+def render(report: dict, say) -> None:
+    say("")
+    say(f"verdict: {report['verdict']}  (seed {report['seed']}; rerun with --seed {report['seed']})")
+    say(f"  {report['cycles']} fault cycles ({report['skipped']} skipped), {report['sent']} records sent, "
+        f"{report['acknowledged']} acknowledged, {report['failed']} failed, {report['lost']} lost, "
+        f"{report['duplicated']} duplicated, {report['moved']} at another offset")  # fmt: skip
+    for p, row in sorted(report["unavailability"].items(), key=lambda kv: int(kv[0])):
+        say(f"  p{p}: no serving leader for {row['no_leader_ms']} ms in {len(row['no_leader_windows'])} windows; "
+            f"{row['ack_gaps_ms']} ms in acknowledgement gaps over 1 s")  # fmt: skip
+    for record in report["lost_records"]:
+        say(f"  LOST {record['value']}: {record['reason']}")
+    if report["lost"] > len(report["lost_records"]):
+        say(f"  ... and {report['lost'] - len(report['lost_records'])} more lost records")
+    for problem in report["problems"]:
+        say(f"  PROBLEM {problem}")
+    say("report: " + json.dumps({k: v for k, v in report.items() if k not in ("schedule", "events")}, sort_keys=True))
