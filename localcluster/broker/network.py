@@ -98,6 +98,46 @@ async def _writable(loop, fd: int) -> None:
         loop.remove_writer(fd)
 
 
+class PeerGoneError(ConnectionError):
+    pass
+
+
+async def _handle_while_peer_stays(loop, sock: socket.socket, handling):
+    """Await a request's handler, but give up when the client hangs up meanwhile: a parked
+    fetch or produce must not hold a departed client's socket for its whole timeout (Kafka's
+    selector drops such a channel at once). Bytes of a pipelined next request stay queued."""
+    task = loop.create_task(handling)
+    await asyncio.sleep(0)  # the handler's synchronous part (an append, a read) runs first:
+    if task.done():  # a request already taken is carried out even if its client leaves
+        return task.result()
+    fd = sock.fileno()
+    gone = False
+
+    def readable() -> None:
+        nonlocal gone
+        try:
+            data = sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        loop.remove_reader(fd)
+        if not data:
+            gone = True
+            task.cancel()
+
+    loop.add_reader(fd, readable)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if gone:
+            raise PeerGoneError("the client closed its connection while its request waited") from None
+        task.cancel()
+        raise
+    finally:
+        loop.remove_reader(fd)
+
+
 async def serve_connection(sock: socket.socket, peer: str, handler: Handler, max_bytes: int) -> None:
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
@@ -106,7 +146,7 @@ async def serve_connection(sock: socket.socket, peer: str, handler: Handler, max
             frame = await read_frame(loop, sock, max_bytes)
             if frame is None:
                 return
-            parts = await handler(frame, peer)
+            parts = await _handle_while_peer_stays(loop, sock, handler(frame, peer))
             if parts is not None:
                 await send_parts(loop, sock, parts)
     except (FrameError, MalformedRequestError) as e:

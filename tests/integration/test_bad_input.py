@@ -666,9 +666,6 @@ def open_sockets(pid: int) -> int:
     return count
 
 
-@pytest.mark.xfail(strict=True, reason="a parked (long-poll) fetch keeps its connection open until "
-                   "max_wait_ms runs out, even after the client has gone; Kafka's selector drops the "
-                   "channel at once. A client may ask for up to 2**31-1 ms.")  # fmt: skip
 def test_connections_of_departed_long_polling_clients_are_released(broker):
     baseline = open_sockets(broker.pid)
     for _ in range(20):
