@@ -1,0 +1,588 @@
+"""Broker benchmark: one broker (RF 1), produce and fetch throughput beside the storage limit.
+
+What is measured, in one run, 100-byte record values:
+- storage append limit: `Log.append(batch, leader_epoch=0)` of the very batches the clients
+  send, into a fresh `Log` on /dev/shm, in this process (no network, no broker): what the
+  broker's log could take if the broker did nothing else.
+- produce, confluent-kafka (librdkafka), acks=1: one producer process calling `produce()` per
+  record (librdkafka builds the batches: `batch.size` and `linger.ms` below); timed from the
+  first `produce()` to `flush()` returning; the partition's end offset is checked afterwards.
+- produce, our client, acks=1: one process sending prebuilt batches (`encode_batch`, built once)
+  with `AsyncProducer.send_batch`, up to `max.in.flight.requests.per.connection` requests out;
+  timed from the first send to the last acknowledgement.
+- fetch, confluent-kafka and our client: one consumer process reading the whole partition
+  from offset 0 (the records the produce runs wrote), timed from the first record to the last.
+- storage read limit: `Log.read` + `os.sendfile` of a log of the same batches to a Unix
+  socket drained by another process (bench.storage's reader), the bytes a fetch serves.
+
+The broker runs as a real process (`python -m localcluster.broker`, data on a temporary
+/dev/shm directory), the clients in other processes; on a 2-core machine the broker and the
+client each get about one core. Figures are the best of --repeats runs. Every process started
+is killed by process group at the end and every temporary directory is removed, also on
+Ctrl-C/SIGTERM.
+
+This module also holds the small process helpers bench.commit and bench.failover use (broker
+processes by process group, a temporary cluster, CPU time from /proc, pacing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import (
+    MB,
+    best,
+    mb_per_s,
+    median,
+    print_note,
+    print_table,
+    write_results,
+)
+
+RECORD_VALUE_BYTES = 100
+READY = re.compile(r"broker (\d+) ready on ([\d.]+):(\d+) \(pid (\d+)\)")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# == shared helpers (bench.commit and bench.failover import these) ===========================
+
+
+class BrokerProcess:
+    """One `python -m localcluster.broker` in its own process group; ready = its ready line."""
+
+    def __init__(self, broker_id: int, cluster_dir: Path, data_dir: Path, settings: dict[str, str]):
+        self.broker_id = broker_id
+        self.cluster_dir = cluster_dir
+        self.settings = {"log.dirs": str(data_dir), **settings}
+        self.process: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.output: list[str] = []
+        self._ready = threading.Event()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout_s: float = 30.0) -> BrokerProcess:
+        args = [sys.executable, "-m", "localcluster.broker", "--id", str(self.broker_id),
+                "--cluster-dir", str(self.cluster_dir)]  # fmt: skip
+        for key, value in self.settings.items():
+            args += ["--set", f"{key}={value}"]
+        self._ready.clear()
+        self.output = []
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, start_new_session=True)  # fmt: skip
+        threading.Thread(target=self._drain, args=(self.process,), daemon=True).start()
+        if not self._ready.wait(timeout_s):
+            self.kill()
+            raise RuntimeError(f"broker {self.broker_id} not ready within {timeout_s} s:\n"
+                               + "".join(self.output[-40:]))  # fmt: skip
+        return self
+
+    def _drain(self, process: subprocess.Popen) -> None:
+        for line in process.stdout:
+            if len(self.output) < 2000:  # bounded: a chatty broker must not grow us forever
+                self.output.append(line)
+            match = READY.search(line)
+            if match:
+                self.port = int(match.group(3))
+                self._ready.set()
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap it."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+class Cluster:
+    """Brokers in a temporary cluster dir (on disk) with data dirs on a temporary /dev/shm dir.
+
+    `close()` kills every broker by process group and removes both directories.
+    """
+
+    def __init__(self, settings: dict[str, str] | None = None, data_root: str = "/dev/shm"):
+        self.settings = dict(settings or {})
+        self.cluster_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+        self.data_root = Path(tempfile.mkdtemp(prefix="bench-data-", dir=data_root))
+        self.brokers: dict[int, BrokerProcess] = {}
+        self._zk = None
+
+    def start(self, broker_ids, **extra: str) -> list[BrokerProcess]:
+        started = []
+        for broker_id in broker_ids:
+            broker = BrokerProcess(broker_id, self.cluster_dir, self.data_root / f"broker-{broker_id}",
+                                   {**self.settings, **extra})  # fmt: skip
+            self.brokers[broker_id] = broker
+            started.append(broker.start())
+        return started
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers.values() if b.is_alive())
+
+    def zk(self):
+        """A KafkaZkClient on the cluster's store (one coordination session, kept)."""
+        if self._zk is None:
+            from localcluster.coord import connect
+            from localcluster.coord.kafka_zk import KafkaZkClient
+
+            self._zk = KafkaZkClient(connect(str(self.cluster_dir / "store")))
+        return self._zk
+
+    def wait_until(self, predicate, timeout_s: float, what: str, poll_s: float = 0.01):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+            time.sleep(poll_s)
+
+    def partition_state(self, topic: str, partition: int):
+        found = self.zk().partition_state(topic, partition)
+        return None if found is None else found[0]
+
+    def controller_id(self) -> int | None:
+        return self.zk().controller_id()
+
+    def close(self) -> None:
+        for broker in self.brokers.values():
+            broker.kill()
+        if self._zk is not None:
+            try:
+                self._zk.coord.close() if hasattr(self._zk, "coord") else None
+            except Exception:  # noqa: BLE001 (best effort at teardown)
+                pass
+        shutil.rmtree(self.cluster_dir, ignore_errors=True)
+        shutil.rmtree(self.data_root, ignore_errors=True)
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int,
+                 config: dict[str, str] | None = None, timeout_s: float = 20.0) -> None:  # fmt: skip
+    """CreateTopics through confluent-kafka's AdminClient, then wait until every partition
+    has a leader in the metadata."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, partitions, replication_factor, config=config or {})],
+                                  operation_timeout=timeout_s)  # fmt: skip
+    futures[topic].result(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if meta and meta.error is None and len(meta.partitions) == partitions and all(
+            p.leader >= 0 for p in meta.partitions.values()
+        ):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"topic {topic}: not every partition has a leader after {timeout_s} s")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """user + system CPU seconds of a process (all its threads) from /proc/<pid>/stat."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+
+
+class CpuMeter:
+    """CPU seconds used by a set of pids between `start()` and `stop()` (from /proc)."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = dict(pids)
+        self.before: dict[str, float | None] = {}
+        self.used: dict[str, float | None] = {}
+
+    def start(self) -> None:
+        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> dict[str, float | None]:
+        self.wall_s = time.perf_counter() - self._t0
+        for name, pid in self.pids.items():
+            now, then = cpu_seconds(pid), self.before.get(name)
+            self.used[name] = None if now is None or then is None else now - then
+        return self.used
+
+    def cores(self) -> dict[str, float | None]:
+        """CPU seconds per wall second (1.0 = one core busy the whole time)."""
+        return {k: (None if v is None else v / self.wall_s) for k, v in self.used.items()}
+
+
+def build_batch(records: int, value_bytes: int = RECORD_VALUE_BYTES) -> bytes:
+    from localcluster.storage import Record, encode_batch
+
+    return encode_batch([Record(value=b"v" * value_bytes)] * records)
+
+
+def spawn_context():
+    """Worker processes start fresh (spawn): nothing of the parent's threads or clients."""
+    return multiprocessing.get_context("spawn")
+
+
+def kill_workers(workers) -> None:
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+        worker.join(5)
+
+
+def install_sigterm() -> None:
+    """SIGTERM behaves as Ctrl-C, so `finally` blocks kill brokers and remove directories."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# == the benchmark ===========================================================================
+
+
+@dataclass(frozen=True)
+class Scale:
+    records: int  # produced per produce run
+    repeats: int
+
+
+FULL = Scale(records=3_000_000, repeats=3)
+QUICK = Scale(records=300_000, repeats=1)
+TOPIC = "bench-broker"
+# Our client: records per prebuilt batch (~64 KiB); confluent-kafka: librdkafka's batch.size
+# in bytes, about the same, with linger so batches fill.
+BATCH_RECORDS = 580
+CK_PRODUCER = {"linger.ms": 10, "batch.size": 65536, "queue.buffering.max.messages": 1_000_000,
+               "queue.buffering.max.kbytes": 262144, "enable.idempotence": False,
+               "compression.type": "none"}  # fmt: skip
+
+
+def storage_append_limit(batch: bytes, records_per_batch: int, total_records: int) -> dict:
+    """Log.append of `batch` into a fresh Log on /dev/shm until total_records; one timing."""
+    from localcluster.storage import Log
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-broker-log-", dir="/dev/shm"))
+    batches = max(1, total_records // records_per_batch)
+    try:
+        log = Log.open(directory)
+        try:
+            append = log.append
+            start = time.perf_counter()
+            for _ in range(batches):
+                append(batch, leader_epoch=0)
+            seconds = time.perf_counter() - start
+        finally:
+            log.delete()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"seconds": seconds, "records": batches * records_per_batch, "bytes": batches * len(batch)}
+
+
+def storage_read_limit(batch: bytes, records_per_batch: int, total_records: int) -> dict:
+    """Log.read + sendfile of a log of `batch` to a socket drained by another process."""
+    from bench.storage import Reader, Workload, send_log
+    from localcluster.storage import Log
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-broker-read-", dir="/dev/shm"))
+    work = Workload("fetch", batch, records_per_batch, max(1, total_records // records_per_batch))
+    reader = Reader()
+    try:
+        log = Log.open(directory)
+        try:
+            for _ in range(work.batches):
+                log.append(batch, leader_epoch=0)
+            seconds = reader.time_send(work.total_bytes, lambda out: send_log(log, work, 1 << 20, out))
+        finally:
+            log.delete()
+    finally:
+        reader.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"seconds": seconds, "records": work.total_records, "bytes": work.total_bytes}
+
+
+def ck_produce_worker(bootstrap: str, topic: str, partition: int, records: int, acks: str,
+                      config: dict, results) -> None:  # fmt: skip
+    """confluent-kafka producer: `records` 100-byte values, one produce() call per record."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, **config})
+    value = b"v" * RECORD_VALUE_BYTES
+    produce, poll = producer.produce, producer.poll
+    producer.list_topics(topic, timeout=10)  # connect before timing
+    cpu0 = _cpu()
+    start = time.perf_counter()
+    for _ in range(records):
+        while True:
+            try:
+                produce(topic, value, partition=partition)
+                break
+            except BufferError:
+                poll(0.0005)
+    producer.flush(60)
+    seconds = time.perf_counter() - start
+    results.put({"seconds": seconds, "records": records, "cpu_s": _cpu() - cpu0})
+
+
+def our_produce_worker(bootstrap: str, topic: str, partition: int, records: int, acks: int,
+                       batch_records: int, results) -> None:  # fmt: skip
+    """Our client: prebuilt batches through AsyncProducer.send_batch."""
+
+    async def run():
+        from localcluster.client import AsyncProducer
+
+        batch = build_batch(batch_records)
+        batches = max(1, records // batch_records)
+        async with AsyncProducer(bootstrap_servers=bootstrap, acks=acks, linger_ms=0,
+                                 buffer_memory=64 << 20) as producer:  # fmt: skip
+            await (await producer.send_batch(topic, partition, batch))  # connect and warm up
+            cpu0 = _cpu()
+            start = time.perf_counter()
+            pending = [await producer.send_batch(topic, partition, batch) for _ in range(batches)]
+            await asyncio.gather(*pending)
+            seconds = time.perf_counter() - start
+        return {"seconds": seconds, "records": batches * batch_records, "warmup_records": batch_records,
+                "cpu_s": _cpu() - cpu0}
+
+    _use_uvloop()
+    results.put(asyncio.run(run()))
+
+
+def ck_fetch_worker(bootstrap: str, topic: str, partition: int, end_offset: int, results) -> None:
+    """confluent-kafka consumer: read [0, end_offset) with consume() in batches."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-broker",
+                         "enable.auto.commit": False, "fetch.max.bytes": 52428800,
+                         "max.partition.fetch.bytes": 1048576 * 4,
+                         "queued.max.messages.kbytes": 262144, "queued.min.messages": 1_000_000,
+                         "fetch.queue.backoff.ms": 1})  # fmt: skip
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    count, nbytes, start, last = 0, 0, None, -1
+    deadline = time.monotonic() + 120
+    while last < end_offset - 1 and time.monotonic() < deadline:
+        # consume() waits until it has num_messages or the timeout passed: never ask for more
+        # than remain, or the last call idles for the whole timeout
+        for message in consumer.consume(max(1, min(10000, end_offset - 1 - last)), 1.0):
+            if message.error():
+                continue
+            if start is None:
+                start, cpu0 = time.perf_counter(), _cpu()
+            count += 1
+            nbytes += len(message.value())
+            last = message.offset()
+    seconds = time.perf_counter() - start if start else float("nan")
+    cpu_s = _cpu() - cpu0 if start else float("nan")
+    consumer.close()
+    results.put({"seconds": seconds, "records": count, "value_bytes": nbytes, "last_offset": last,
+                 "cpu_s": cpu_s})  # fmt: skip
+
+
+def our_fetch_worker(bootstrap: str, topic: str, partition: int, end_offset: int, results) -> None:
+    """Our AsyncConsumer: poll the partition from offset 0 to end_offset."""
+
+    async def run():
+        from localcluster.client import AsyncConsumer
+
+        async with AsyncConsumer(bootstrap_servers=bootstrap, max_poll_records=100_000,
+                                 max_partition_fetch_bytes=4 << 20,
+                                 fetch_max_bytes=50 << 20) as consumer:  # fmt: skip
+            tp = (topic, partition)
+            await consumer.assign([tp])
+            consumer.seek(tp, 0)
+            count, nbytes, start, last = 0, 0, None, -1
+            deadline = time.monotonic() + 120
+            while last < end_offset - 1 and time.monotonic() < deadline:
+                for record in await consumer.poll(1000):
+                    if start is None:
+                        start, cpu0 = time.perf_counter(), _cpu()
+                    count += 1
+                    nbytes += len(record.value)
+                    last = record.offset
+            seconds = time.perf_counter() - start if start else float("nan")
+            cpu_s = _cpu() - cpu0 if start else float("nan")
+        return {"seconds": seconds, "records": count, "value_bytes": nbytes, "last_offset": last,
+                "cpu_s": cpu_s}
+
+    _use_uvloop()
+    results.put(asyncio.run(run()))
+
+
+def _cpu() -> float:
+    """This process's user + system CPU seconds (all threads)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def _use_uvloop() -> None:
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+
+
+def run_worker(target, *args, timeout_s: float = 300.0) -> dict:
+    """Run `target(*args, queue)` in a spawned process; its result dict (raises on failure)."""
+    ctx = spawn_context()
+    results = ctx.Queue()
+    worker = ctx.Process(target=target, args=(*args, results), daemon=True)
+    worker.start()
+    try:
+        return results.get(timeout=timeout_s)
+    except Exception as e:
+        raise RuntimeError(f"{target.__name__} produced no result (exit code {worker.exitcode})") from e
+    finally:
+        worker.join(10)
+        kill_workers([worker])
+
+
+def end_offset(bootstrap: str, topic: str, partition: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-offsets"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def rate_row(name: str, samples: list[dict], limit_seconds_per_record: float | None, where: str) -> dict:
+    """One table/JSON row from worker results: best run's records/s and MB/s (value bytes)."""
+    rates = [s["records"] / s["seconds"] for s in samples]
+    top = max(rates)
+    row = {
+        "variant": name, "where": where, "runs": samples,
+        "records_per_s": top, "records_per_s_median": median(rates),
+        "mb_per_s": top * RECORD_VALUE_BYTES / MB,
+    }  # fmt: skip
+    if limit_seconds_per_record:
+        row["ratio_vs_storage"] = top * limit_seconds_per_record
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.broker", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few seconds, rougher figures")
+    parser.add_argument("--json", action="store_true", help="also print the JSON to stdout")
+    parser.add_argument("--records", type=int, help="records per produce run")
+    parser.add_argument("--repeats", type=int, help="runs per figure (the best is reported)")
+    args = parser.parse_args(argv)
+    scale = QUICK if args.quick else FULL
+    records = args.records or scale.records
+    repeats = args.repeats or scale.repeats
+    if args.json:
+        from bench.common import console
+
+        console(stderr=True)
+    install_sigterm()
+
+    batch = build_batch(BATCH_RECORDS)
+    cluster = Cluster({"auto.create.topics.enable": "false"})
+    rows: list[dict] = []
+    try:
+        t0 = time.perf_counter()
+        (broker,) = cluster.start([0])
+        create_topic(broker.bootstrap, TOPIC, 1, 1)
+        boot = broker.bootstrap
+        limits, ck_runs, our_runs, cpu = [], [], [], {"confluent-kafka": [], "our client": []}
+        for run in range(repeats):
+            limits.append(storage_append_limit(batch, BATCH_RECORDS, records))
+            for name, target, extra, runs in (
+                ("confluent-kafka", ck_produce_worker, ("1", CK_PRODUCER), ck_runs),
+                ("our client", our_produce_worker, (1, BATCH_RECORDS), our_runs),
+            ):
+                meter = CpuMeter({"broker": broker.pid})
+                meter.start()
+                runs.append(run_worker(target, boot, TOPIC, 0, records, *extra))
+                meter.stop()
+                cpu[name].append({"broker_cpu_s": meter.used["broker"], "wall_s": meter.wall_s})
+        produced = end_offset(boot, TOPIC, 0)
+        expected = sum(r["records"] + r.get("warmup_records", 0) for r in ck_runs + our_runs)
+        read_limits, ck_fetch, our_fetch = [], [], []
+        for run in range(repeats):
+            read_limits.append(storage_read_limit(batch, BATCH_RECORDS, produced))
+            ck_fetch.append(run_worker(ck_fetch_worker, boot, TOPIC, 0, produced))
+            our_fetch.append(run_worker(our_fetch_worker, boot, TOPIC, 0, produced))
+        elapsed = time.perf_counter() - t0
+    finally:
+        cluster.close()
+
+    append_spr = min(s["seconds"] / s["records"] for s in limits)  # seconds per record, best
+    read_spr = min(s["seconds"] / s["records"] for s in read_limits)
+    where_broker = "broker process (1 core), client process"
+    rows.append(rate_row("storage: Log.append (in-process)", [dict(s) for s in limits], append_spr,
+                         "this process, /dev/shm"))  # fmt: skip
+    rows.append(rate_row("produce acks=1: confluent-kafka", ck_runs, append_spr, where_broker))
+    rows.append(rate_row("produce acks=1: our client send_batch", our_runs, append_spr, where_broker))
+    rows.append(rate_row("storage: Log.read + sendfile", [dict(s) for s in read_limits], read_spr,
+                         "this process + reader process"))  # fmt: skip
+    rows.append(rate_row("fetch: confluent-kafka consumer", ck_fetch, read_spr, where_broker))
+    rows.append(rate_row("fetch: our client AsyncConsumer", our_fetch, read_spr, where_broker))
+
+    table = []
+    for i, row in enumerate(rows):
+        if i == 3:
+            table.append(None)
+        client_cpu = ""
+        runs = row["runs"]
+        if "cpu_s" in runs[0]:
+            fastest = max(runs, key=lambda r: r["records"] / r["seconds"])
+            client_cpu = f"{fastest['cpu_s'] / fastest['seconds']:.2f}"
+        table.append((row["variant"], f"{row['records_per_s']:,.0f}", f"{row['mb_per_s']:,.1f}",
+                      f"{row.get('ratio_vs_storage', 1):.0%}", client_cpu))  # fmt: skip
+    print_table(
+        f"One broker, RF 1, {RECORD_VALUE_BYTES}-byte records, best of {repeats} ({records:,} records per produce run)",
+        ["variant", "records/s", "MB/s (values)", "vs storage", "client cores"],
+        table,
+        note=(f"Produce rows are compared with the Log.append row, fetch rows with the Log.read + sendfile "
+              f"row, all from this run. Our client sends prebuilt {BATCH_RECORDS}-record batches "
+              f"({len(batch):,} bytes); confluent-kafka: {CK_PRODUCER['batch.size']}-byte batch.size, "
+              f"linger.ms {CK_PRODUCER['linger.ms']}. 'client cores' = the client process's CPU "
+              f"seconds over its timed run (1.00 = one core). Broker CPU per produce run is in the JSON. "
+              f"{os.cpu_count()} cores: broker and client process share them; the storage rows run "
+              f"in this process with nothing else of ours running. Partition end offset {produced:,}"
+              f" (expected {expected:,})."),
+    )  # fmt: skip
+    path = write_results("broker", {
+        "config": {"records_per_run": records, "repeats": repeats, "record_value_bytes": RECORD_VALUE_BYTES,
+                   "our_batch_records": BATCH_RECORDS, "our_batch_bytes": len(batch),
+                   "confluent_kafka_producer": CK_PRODUCER, "elapsed_s": elapsed},
+        "rows": rows, "broker_cpu": cpu,
+        "end_offset": produced, "expected_end_offset": expected,
+    }, to_stdout=args.json)  # fmt: skip
+    print_note(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
