@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 ENTRY_BYTES = 8  # both files: 2 x int32, or 1 x int64
+INT32_MAX = 2**31 - 1
 
 
 class IndexFullError(Exception):
@@ -152,17 +153,15 @@ class BatchIndex:
         relative = offset - self.base_offset
         if relative < 0:
             return -1
-        relative = min(relative, np.iinfo(np.int32).max)
-        key = np.int32(relative)
-        return int(np.searchsorted(self.relative_offsets, key, side="right")) - 1
+        key = np.int32(min(relative, INT32_MAX))
+        return int(self.relative_offsets.searchsorted(key, side="right")) - 1
 
     def first_batch_at_or_after(self, offset: int) -> int:
         """Index of the first batch whose base offset >= `offset` (== count when none)."""
         relative = offset - self.base_offset
         if relative <= 0:
             return 0
-        relative = min(relative, np.iinfo(np.int32).max)
-        return int(np.searchsorted(self.relative_offsets, np.int32(relative), side="left"))
+        return int(self.relative_offsets.searchsorted(np.int32(min(relative, INT32_MAX)), side="left"))
 
     def first_batch_with_timestamp_at_least(self, timestamp: int) -> int:
         """Index of the first batch whose records may reach `timestamp` (count when none)."""

@@ -66,7 +66,7 @@ class LogConfig:
         return self.segment_index_bytes // 8
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendInfo:
     first_offset: int
     last_offset: int
