@@ -6,8 +6,9 @@ clock, a file or a socket: the runtime feeds it events with the current time and
 offsets, and carries out what it answers:
 - `IsrUpdate`: write the new ISR to the partition state znode, conditional on `zk_version`;
   report back with `on_isr_update_succeeded` / `on_isr_update_failed`. Until it lands, the
-  ISR used for the high watermark stays the committed one (so a shrink never raises the HW
-  before ZooKeeper agrees, and an expand never lowers it).
+  high watermark waits for the maximal ISR, the committed one plus any member being added
+  (KIP-497): a shrink never raises the HW before ZooKeeper agrees, and an expand that
+  ZooKeeper may already hold never lets the HW pass a member the controller could elect.
 - a moved high watermark (returned as True): complete parked produces, wake fetches.
 
 Invariants, asserted at every exit that changes state:
@@ -202,11 +203,14 @@ class Partition:
             self.zk_version = zk_version
 
     def maybe_increment_leader_hw(self) -> bool:
-        """HW = the smallest log end offset in the ISR; it only moves forward."""
+        """HW = the smallest log end offset in the maximal ISR (the committed ISR and any
+        member a pending expansion adds); it only moves forward. Counting the pending member:
+        once the write lands the controller may elect it, so it must hold everything below
+        the HW (it had reached the HW when proposed, so this never lowers the HW)."""
         if not self.is_leader:
             return False
         candidate = self.log_end_offset
-        for r in self.isr:
+        for r in self.isr.union(self.pending_isr or ()):
             if r != self.local_broker_id:
                 candidate = min(candidate, self.replicas.get(r, ReplicaState()).log_end_offset)
         if candidate > self.high_watermark:

@@ -211,11 +211,37 @@ def test_expansion_needs_the_follower_to_reach_the_hw():
 
 def test_expansion_never_lowers_the_hw():
     p = leader(isr=(0,), leo=10, hw=0)
-    _, update = p.update_follower_fetch_state(1, 10, now_ms=1_100)
-    p.on_local_append(30)  # the committed ISR is still {0}: HW 30
-    assert p.high_watermark == 30
+    p.on_local_append(20)
+    assert p.high_watermark == 20
+    _, update = p.update_follower_fetch_state(1, 20, now_ms=1_100)
+    assert update is not None and p.high_watermark == 20
     assert p.on_isr_update_succeeded(update.isr, 8) is False
-    assert p.isr == {0, 1} and p.high_watermark == 30
+    assert p.isr == {0, 1} and p.high_watermark == 20
+
+
+def test_a_pending_expansion_holds_the_hw_for_the_member_being_added():
+    """Once the write lands the controller may elect the new member: the HW must not pass
+    it meanwhile (the simulator's StrongIsr check found this; KIP-497's maximal ISR)."""
+    p = leader(isr=(0,), leo=10, hw=0)
+    _, update = p.update_follower_fetch_state(1, 10, now_ms=1_100)
+    assert update is not None and p.high_watermark == 10
+    p.on_local_append(30)
+    assert p.high_watermark == 10  # 1 is at 10 and may already be in the ISR in ZooKeeper
+    assert p.update_follower_fetch_state(1, 25, now_ms=1_200) == (True, None)
+    assert p.high_watermark == 25
+    assert p.on_isr_update_succeeded(update.isr, 8) is False
+    assert p.isr == {0, 1} and p.high_watermark == 25
+
+
+def test_a_failed_expansion_releases_the_hw():
+    p = leader(isr=(0,), leo=10, hw=0)
+    p.update_follower_fetch_state(1, 10, now_ms=1_100)
+    p.on_local_append(30)
+    assert p.high_watermark == 10
+    p.on_isr_update_failed(9)
+    assert p.pending_isr is None and p.isr == {0}
+    p.on_local_append(31)
+    assert p.high_watermark == 31
 
 
 def test_no_second_proposal_while_one_is_in_flight():
@@ -318,14 +344,17 @@ class Model:
 
     def isr_min(self):
         p = self.p
-        return min([p.log_end_offset] + [self.known_leo[r] for r in p.isr if r != 0])
+        maximal = p.isr | set(self.pending or ())  # a member being added counts (KIP-497)
+        return min([p.log_end_offset] + [self.known_leo[r] for r in maximal if r != 0])
 
-    def check(self, hw_before: int):
+    def check(self, hw_before: int, recompute: bool = True):
         p = self.p
         assert p.log_start_offset <= p.high_watermark <= p.log_end_offset
         assert 0 in p.isr and p.isr <= set(p.assignment)
         assert p.high_watermark >= hw_before  # one epoch led throughout (epochs keep the HW)
-        self.hw = max(self.hw, self.isr_min())
+        if recompute:  # only these events recompute the HW (a failed expansion releases it
+            # lazily: at the next append or fetch)
+            self.hw = max(self.hw, self.isr_min())
         assert p.high_watermark == self.hw
         assert p.pending_isr == self.pending
 
@@ -335,6 +364,7 @@ def apply_step(m: Model, data) -> None:
     hw_before = p.high_watermark
     kind = data.draw(st.sampled_from(["append", "fetch", "fetch", "fetch", "tick", "shrink",
                                       "complete", "new_epoch"]))  # fmt: skip
+    recompute = kind in ("append", "fetch", "complete", "new_epoch")
     if kind == "append":
         p.on_local_append(p.log_end_offset + data.draw(st.integers(0, 5)))
     elif kind == "tick":
@@ -383,12 +413,13 @@ def apply_step(m: Model, data) -> None:
             for key in ("zk_version", "pending_isr"):
                 before.pop(key), after.pop(key)
             assert after == before  # nothing else changed
+            recompute = False
         m.pending = None
     elif kind == "new_epoch":
         p.make_leader(p.leader_epoch + 1, sorted(p.isr), ASSIGNMENT, p.zk_version + 1,
                       p.log_start_offset, p.log_end_offset, p.high_watermark, m.now)  # fmt: skip
         m.new_epoch()
-    m.check(hw_before)
+    m.check(hw_before, recompute)
 
 
 @settings(max_examples=150, deadline=None)
