@@ -150,9 +150,13 @@ class PartitionLeadership:
                         "(unclean.leader.election.enable=false)")  # fmt: skip
 
     async def remove_replica_from_isr(self, tp: TopicPartition, replica: int, batch: RequestBatch) -> None:
+        """Drop a replica that went away from the ISR, but never the last member (Kafka's
+        rule): a leaderless partition keeps it, so it can lead cleanly when it returns."""
         for _ in range(MAX_WRITE_ATTEMPTS):
             lead = self.ctx.leadership.get(tp)
             if lead is None or replica not in lead.state.isr or lead.state.leader == replica:
+                return
+            if len(lead.state.isr) == 1:
                 return
             isr = tuple(r for r in lead.state.isr if r != replica)
             state = LeaderAndIsr(lead.state.leader, lead.state.leader_epoch + 1, isr, self.ctx.epoch)
