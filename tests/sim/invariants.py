@@ -1,0 +1,216 @@
+"""Invariants checked after every step of a run, and the log views they compare.
+
+- leader-not-in-isr: the leader recorded in the store is in the recorded ISR (TLA+ LeaderInIsr).
+- strong-isr: below the HW of a leader that has taken up the recorded leadership, every
+  member of the recorded ISR holds the same batches (bytes, offsets, epochs) (TLA+ StrongIsr).
+- acked-lost: every acknowledged record (acks=all, answered NONE) is at its offset in the log of
+  a leader that has taken up the recorded leadership; no two acks name one offset.
+- hw-backwards: while a broker leads a partition in one epoch its HW never decreases.
+- log-offsets: log_start_offset <= HW <= log_end_offset, and the Partition's offsets are the
+  Log's.
+- two-leaders: no two brokers ever lead a partition in the same epoch.
+A log is read through `LogView`: batches decoded once and extended on appends (the simulator
+bumps a log's `sim_truncations` whenever it truncates, which forces a full re-read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localcluster.storage import iter_batches, iter_records
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+class InvariantViolation(Exception):
+    def __init__(self, violation: Violation):
+        super().__init__(str(violation))
+        self.violation = violation
+
+
+class LogView:
+    """A log's batches as (base_offset, next_offset, epoch, bytes), and its records by offset."""
+
+    __slots__ = ("batches", "values", "end", "truncations", "start", "serial")
+    _serials = 0
+
+    def __init__(self):
+        LogView._serials += 1
+        self.serial = LogView._serials  # ids of dropped views are reused; serials are not
+        self.batches: list[tuple[int, int, int, bytes]] = []
+        self.values: dict[int, bytes | None] = {}
+        self.end = -1
+        self.start = -1
+        self.truncations = -1
+
+
+def log_view(lg) -> LogView:
+    view: LogView | None = getattr(lg, "sim_view", None)
+    truncations = getattr(lg, "sim_truncations", 0)
+    if (view is None or view.truncations != truncations
+            or view.start != lg.log_start_offset or view.end > lg.log_end_offset):  # fmt: skip
+        view = LogView()
+        view.truncations = truncations
+        view.start = view.end = lg.log_start_offset
+        lg.sim_view = view
+    while view.end < lg.log_end_offset:
+        data = lg.read(view.end, 1 << 30, None, True).tobytes()
+        if not data:
+            break
+        for position, header in iter_batches(data, check_crc=False):
+            raw = bytes(data[position : position + header.size])
+            view.batches.append((header.base_offset, header.next_offset,
+                                 header.partition_leader_epoch, raw))  # fmt: skip
+            for record in iter_records(memoryview(raw)):
+                view.values[record.offset] = record.value
+            view.end = header.next_offset
+    return view
+
+
+def batches_below(view: LogView, offset: int) -> list[tuple[int, int, int, bytes]]:
+    out = []
+    for batch in view.batches:
+        if batch[0] >= offset:
+            break
+        out.append(batch)
+    return out
+
+
+def describe(view: LogView) -> str:
+    """offset:epoch:value for every record, for traces and golden output."""
+    out = []
+    epochs = {}
+    for base, nxt, epoch, _ in view.batches:
+        for o in range(base, nxt):
+            epochs[o] = epoch
+    for offset in sorted(view.values):
+        value = view.values[offset]
+        out.append(f"{offset}:e{epochs.get(offset, '?')}:{value.decode() if value else value}")
+    return " ".join(out) or "(empty)"
+
+
+class InvariantChecker:
+    def __init__(self, sim):
+        self.sim = sim
+        self.max_hw: dict[tuple[int, tuple[str, int], int], int] = {}
+        self.leaders: dict[tuple[tuple[str, int], int], int] = {}  # (tp, epoch) -> broker
+        self._acked_checked: dict[tuple[str, int], tuple] = {}
+        self._isr_checked: dict[tuple, bool] = {}
+
+    def fail(self, kind: str, message: str) -> None:
+        raise InvariantViolation(Violation(kind, message))
+
+    # -- events the brokers report ------------------------------------------------------------
+
+    def on_leader(self, broker_id: int, tp, epoch: int) -> None:
+        other = self.leaders.setdefault((tp, epoch), broker_id)
+        if other != broker_id:
+            self.fail("two-leaders", f"{tp[0]}-{tp[1]} epoch {epoch}: b{other} and b{broker_id} both led")
+
+    def on_ack(self, tp, offset: int, value: bytes) -> None:
+        acked = self.sim.acked.setdefault(tp, {})
+        if acked.get(offset, value) != value:
+            self.fail("acked-lost", f"{tp[0]}-{tp[1]} offset {offset} acknowledged twice: "
+                      f"{acked[offset]!r} and then {value!r}")  # fmt: skip
+        acked[offset] = value
+
+    # -- after every step -----------------------------------------------------------------------
+
+    def check(self) -> None:
+        sim = self.sim
+        for host in sim.hosts.values():
+            broker = host.incarnation
+            if broker is None:
+                continue
+            for tp, hosted in broker.partitions.items():
+                self._check_offsets(broker.broker_id, tp, hosted)
+        for tp, (state, _) in sim.zk.states.items():
+            if state.leader >= 0 and state.leader not in state.isr:
+                self.fail("leader-not-in-isr", f"{tp[0]}-{tp[1]}: leader b{state.leader} not in isr {list(state.isr)}")
+            leader = self.acting_leader(tp)
+            if leader is None:
+                continue
+            self._check_strong_isr(tp, leader, state.isr)
+            self._check_acked(tp, leader)
+
+    def acting_leader(self, tp):
+        """The recorded leader's hosted partition, if it has taken up the recorded epoch."""
+        state = self.sim.zk.states.get(tp)
+        if state is None or state[0].leader < 0:
+            return None
+        host = self.sim.hosts.get(state[0].leader)
+        broker = host.incarnation if host else None
+        hosted = broker.partitions.get(tp) if broker else None
+        if hosted is None or not hosted.state.is_leader or hosted.state.leader_epoch != state[0].leader_epoch:
+            return None
+        return broker, hosted
+
+    def _check_offsets(self, broker_id: int, tp, hosted) -> None:
+        p, lg = hosted.state, hosted.log
+        if not (p.log_start_offset <= p.high_watermark <= p.log_end_offset):
+            self.fail("log-offsets", f"b{broker_id} {tp[0]}-{tp[1]}: start {p.log_start_offset} "
+                      f"hw {p.high_watermark} end {p.log_end_offset}")  # fmt: skip
+        if (p.log_start_offset, p.log_end_offset) != (lg.log_start_offset, lg.log_end_offset):
+            self.fail("log-offsets", f"b{broker_id} {tp[0]}-{tp[1]}: partition says "
+                      f"[{p.log_start_offset}, {p.log_end_offset}), log says "
+                      f"[{lg.log_start_offset}, {lg.log_end_offset})")  # fmt: skip
+        if p.is_leader:
+            key = (broker_id, tp, p.leader_epoch)
+            last = self.max_hw.get(key, -1)
+            if p.high_watermark < last:
+                self.fail("hw-backwards", f"b{broker_id} {tp[0]}-{tp[1]} epoch {p.leader_epoch}: "
+                          f"hw {last} -> {p.high_watermark}")  # fmt: skip
+            self.max_hw[key] = p.high_watermark
+
+    def _check_strong_isr(self, tp, leader, isr) -> None:
+        broker, hosted = leader
+        hw = hosted.state.high_watermark
+        lview = log_view(hosted.log)
+        for member in isr:
+            if member == broker.broker_id:
+                continue
+            host = self.sim.hosts.get(member)
+            other = host.incarnation if host else None
+            lg = other.logs.get(tp) if other else None
+            if lg is None:
+                continue  # crashed: checked again once it has opened its logs
+            mview = log_view(lg)
+            key = (tp, broker.broker_id, lview.serial, lview.end, hw, member, mview.serial,
+                   mview.end)  # fmt: skip
+            if self._isr_checked.get(key):
+                continue
+            mine = batches_below(lview, hw)
+            theirs = batches_below(mview, hw)
+            if mview.end < hw or mine != theirs:
+                at = next((b[0] for b, c in zip(mine, theirs) if b != c), mview.end)
+                self.fail("strong-isr", f"{tp[0]}-{tp[1]}: leader b{broker.broker_id} (epoch "
+                          f"{hosted.state.leader_epoch}, hw {hw}) and isr member b{member} "
+                          f"(log end {mview.end}) differ below the hw, first at offset {at}: "
+                          f"leader [{describe(lview)}] member [{describe(mview)}]")  # fmt: skip
+            if len(self._isr_checked) > 100_000:
+                self._isr_checked.clear()
+            self._isr_checked[key] = True
+
+    def _check_acked(self, tp, leader) -> None:
+        broker, hosted = leader
+        acked = self.sim.acked.get(tp)
+        if not acked:
+            return
+        view = log_view(hosted.log)
+        key = (broker.broker_id, view.serial, len(acked))
+        if self._acked_checked.get(tp) == key:
+            return  # the same log view (appends only since) and no new acks
+        for offset, value in acked.items():
+            if view.values.get(offset, b"<missing>") != value:
+                self.fail("acked-lost", f"{tp[0]}-{tp[1]}: acknowledged {value!r} at offset "
+                          f"{offset}, but leader b{broker.broker_id} (epoch "
+                          f"{hosted.state.leader_epoch}) has "
+                          f"{view.values.get(offset, 'nothing')!r} there")  # fmt: skip
+        self._acked_checked[tp] = key

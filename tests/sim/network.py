@@ -1,0 +1,205 @@
+"""The in-memory network: messages between nodes with seeded delay, loss, reordering (two
+messages on one link may arrive in either order) and partitions that cut links until healed.
+
+Nodes are names: broker ids (ints), "controller", "zk", "client". A message is lost when it
+is dropped at random, when its link is cut at send or at delivery, or when its receiver has
+crashed; a paused receiver (SIGSTOP) holds it until it resumes. The messages are the
+inter-broker and controller requests of the real runtime, reduced to their fields.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from tests.sim.clock import Scheduler
+
+# -- messages -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStateMsg:
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    zk_version: int
+    replicas: tuple[int, ...]
+
+    @property
+    def tp(self):
+        return self.topic, self.partition
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsr:
+    corr: int
+    controller_epoch: int
+    partitions: tuple[PartitionStateMsg, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsrResponse:
+    corr: int
+    error: int
+    partition_errors: tuple[tuple[tuple[str, int], int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    corr: int
+    replica_id: int
+    tp: tuple[str, int]
+    fetch_offset: int
+    current_leader_epoch: int
+    max_wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    corr: int
+    tp: tuple[str, int]
+    error: int
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderEpoch:
+    corr: int
+    replica_id: int
+    tp: tuple[str, int]
+    current_leader_epoch: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForLeaderEpochResponse:
+    corr: int
+    tp: tuple[str, int]
+    error: int
+    leader_epoch: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsets:
+    corr: int
+    replica_id: int
+    tp: tuple[str, int]
+    timestamp: int  # -1 latest (the log end, for a replica), -2 earliest
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsResponse:
+    corr: int
+    tp: tuple[str, int]
+    error: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Produce:
+    corr: int
+    tp: tuple[str, int]
+    values: tuple[bytes, ...]
+    acks: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponse:
+    corr: int
+    tp: tuple[str, int]
+    error: int
+    base_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class IsrWrite:
+    """A leader's conditional ISR write (with its isr_change_notification) to the store."""
+
+    corr: int
+    update: object  # replication.partition.IsrUpdate
+
+
+@dataclass(frozen=True, slots=True)
+class IsrWriteResponse:
+    corr: int
+    ok: bool
+    zk_version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    session: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse:
+    session: int
+    expired: bool
+
+
+# -- the network ----------------------------------------------------------------------------
+
+
+@dataclass
+class NetworkStats:
+    sent: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    cut: int = 0
+    to_dead: int = 0
+
+
+@dataclass
+class Network:
+    rng: random.Random
+    scheduler: Scheduler
+    min_delay_ms: int = 1
+    max_delay_ms: int = 4
+    drop_rate: float = 0.0
+    nodes: dict = field(default_factory=dict)  # name -> node with .receive(src, msg)
+    cut_links: set = field(default_factory=set)  # frozenset({a, b})
+    stats: NetworkStats = field(default_factory=NetworkStats)
+
+    def attach(self, name, node) -> None:
+        self.nodes[name] = node
+
+    def is_cut(self, a, b) -> bool:
+        return frozenset((a, b)) in self.cut_links
+
+    def cut(self, a, b) -> None:
+        self.cut_links.add(frozenset((a, b)))
+
+    def isolate(self, name) -> None:
+        for other in self.nodes:
+            if other != name:
+                self.cut(name, other)
+
+    def heal(self) -> None:
+        self.cut_links.clear()
+
+    def send(self, src, dst, msg) -> None:
+        self.stats.sent += 1
+        if self.is_cut(src, dst):
+            self.stats.cut += 1
+            return
+        if self.drop_rate and self.rng.random() < self.drop_rate:
+            self.stats.dropped += 1
+            return
+        delay = self.rng.randint(self.min_delay_ms, self.max_delay_ms)
+        self.scheduler.after(delay, self._deliver, src, dst, msg)
+
+    def _deliver(self, src, dst, msg) -> None:
+        if self.is_cut(src, dst):
+            self.stats.cut += 1
+            return
+        node = self.nodes.get(dst)
+        if node is None or not node.receive(src, msg):
+            self.stats.to_dead += 1
+            return
+        self.stats.delivered += 1

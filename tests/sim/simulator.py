@@ -1,0 +1,467 @@
+"""One seed -> one run: brokers, a controller and a producing client over the simulated network.
+
+A run has two phases. The safety phase injects faults from the seed (broker crashes and
+restarts from disk, SIGSTOP-like pauses, isolated brokers and cut links, random message loss,
+controller failovers, preferred elections) while a client produces acks=all and acks=1
+batches. The heal phase stops the faults, restarts and resumes everything, and requires every
+partition to converge (ISR full, replicas identical to the leader, HW = log end) within a
+bounded number of steps. Invariants (invariants.py) are checked after every step; the first
+violation ends the run, and `SimResult.report()` prints the seed and the event trace.
+
+Everything comes from one `random.Random(seed)`: no wall clock, threads or asyncio.
+
+    python -m tests.sim.simulator --seeds 0:500 [--protocol hw-truncation] [--trace]
+    python -m tests.sim.simulator --update-golden      # rewrite tests/sim/scenarios/*.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kio.schema.errors import ErrorCode
+
+from localcluster.controller.assignment import assign_replicas_to_brokers
+from tests.sim import network as m
+from tests.sim.broker import BrokerHost, SimConfig
+from tests.sim.clock import ManualClock, Scheduler
+from tests.sim.controller import SimController, SimZk
+from tests.sim.invariants import InvariantChecker, InvariantViolation, Violation, describe, log_view
+
+TOPIC = "t"
+SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+TRACE_TAIL = 250
+
+
+@dataclass
+class SimResult:
+    seed: int | None
+    protocol: str
+    steps: int
+    sim_time_ms: int
+    violation: Violation | None
+    trace: list[str]
+    acked: int = 0
+    produced: int = 0
+    faults: int = 0
+    converged_after: int | None = None
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None
+
+    def report(self, tail: int = TRACE_TAIL) -> str:
+        head = (f"seed {self.seed} ({self.protocol}): "
+                f"{'ok' if self.ok else 'VIOLATION ' + str(self.violation)}; {self.steps} steps, "
+                f"{self.sim_time_ms} ms simulated, {self.acked} acked of {self.produced} produced, "
+                f"{self.faults} faults")  # fmt: skip
+        if self.ok:
+            return head
+        lines = self.trace[-tail:]
+        return "\n".join([head, f"reproduce: python -m tests.sim.simulator --seeds {self.seed} "
+                          f"--protocol {self.protocol} --trace",
+                          f"last {len(lines)} of {len(self.trace)} trace lines:", *lines])  # fmt: skip
+
+
+class ControllerHost:
+    """The network node "controller": the active controller, if any (its epoch fences it)."""
+
+    def __init__(self):
+        self.controller: SimController | None = None
+
+    def receive(self, src, msg) -> bool:
+        if self.controller is None:
+            return False
+        return self.controller.receive(src, msg)
+
+
+class Client:
+    """Produces unique values; records what acks=all answered NONE for."""
+
+    def __init__(self, sim: Simulator):
+        self.sim = sim
+        self.corr = 0
+        self.inflight: dict[int, m.Produce] = {}
+        self.produced = 0
+
+    def produce(self, tp, values: tuple[bytes, ...], acks: int, timeout_ms: int = 400) -> bool:
+        state = self.sim.zk.states.get(tp)
+        if state is None or state[0].leader < 0:
+            return False
+        self.corr += 1
+        msg = m.Produce(self.corr, tp, values, acks, timeout_ms)
+        self.inflight[self.corr] = msg
+        self.produced += len(values)
+        self.sim.network.send("client", state[0].leader, msg)
+        # A lost request or answer: give up on it after its timeout (the producer's
+        # delivery.timeout.ms); it was never acknowledged.
+        self.sim.scheduler.after(timeout_ms + 100, self.inflight.pop, self.corr, None)
+        return True
+
+    def receive(self, src, msg) -> bool:
+        request = self.inflight.pop(msg.corr, None)
+        if request is None:
+            return True
+        names = ",".join(v.decode() for v in request.values)
+        if msg.error == ErrorCode.none and request.acks == -1:
+            for i, value in enumerate(request.values):
+                self.sim.checker.on_ack(msg.tp, msg.base_offset + i, value)
+            self.sim.trace(f"client: acked {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}")
+        elif msg.error == ErrorCode.none:
+            self.sim.trace(f"client: acks=1 {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}")
+        else:
+            self.sim.trace(f"client: {names} failed: {ErrorCode(msg.error).name} from b{src}")
+        return True
+
+
+class Simulator:
+    def __init__(self, seed: int | None = 0, protocol: str = "leader-epoch", broker_ids=(1, 2, 3),
+                 partitions: int = 2, replication_factor: int = 3, config: SimConfig | None = None,
+                 directory: Path | None = None, deterministic_network: bool = False,
+                 echo: bool = False):  # fmt: skip
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.config = config or SimConfig()
+        self.config.replication_protocol = protocol
+        self.protocol = protocol
+        self.clock = ManualClock()
+        self.scheduler = Scheduler(self.clock)
+        self.network = m.Network(self.rng, self.scheduler)
+        if deterministic_network:
+            self.network.min_delay_ms = self.network.max_delay_ms = 1
+        self.trace_lines: list[str] = []
+        self.echo = echo
+        self._own_dir = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="localcluster-sim-", dir=SHM))
+        self.zk = SimZk(self)
+        self.network.attach("zk", self.zk)
+        self.hosts = {b: BrokerHost(b, self.config, self.directory / f"broker-{b}", self)
+                      for b in broker_ids}  # fmt: skip
+        for b, host in self.hosts.items():
+            self.network.attach(b, host)
+        self.controller_host = ControllerHost()
+        self.network.attach("controller", self.controller_host)
+        self.client = Client(self)
+        self.network.attach("client", self.client)
+        self.acked: dict[tuple[str, int], dict[int, bytes]] = {}
+        self.checker = InvariantChecker(self)
+        self.observer = self.checker
+        self.partitions = partitions
+        self.replication_factor = replication_factor
+        self.steps = 0
+        self.faults = 0
+        self.faulting = False
+        self._seq = 0
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def trace(self, line: str) -> None:
+        text = f"{self.clock.now_ms():>6} {line}"
+        self.trace_lines.append(text)
+        if self.echo:
+            print(text)
+
+    def close(self) -> None:
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def step(self) -> bool:
+        """Run one action, then check every invariant (raises InvariantViolation)."""
+        if not self.scheduler.run_one():
+            return False
+        self.steps += 1
+        self.checker.check()
+        return True
+
+    def run_until(self, at_ms: int) -> None:
+        while (t := self.scheduler.next_time_ms()) is not None and t <= at_ms:
+            self.step()
+        self.clock.advance_to(max(at_ms, self.clock.now_ms()))
+
+    def every(self, interval_ms: int, action) -> None:
+        def fire():
+            action()
+            self.scheduler.after(interval_ms, fire)
+
+        self.scheduler.after(interval_ms, fire)
+
+    # -- cluster ----------------------------------------------------------------------------------
+
+    def start_zk(self) -> None:
+        self.every(10, self.zk.expire_sessions)
+
+    def start_controller(self) -> None:
+        self.controller_host.controller = SimController(self)
+        controller = self.controller_host.controller
+
+        def tick():
+            if self.controller_host.controller is controller and controller.active:
+                controller.tick()
+                self.scheduler.after(10, tick)
+
+        self.scheduler.after(10, tick)
+
+    def crash_controller(self) -> None:
+        if self.controller_host.controller is not None:
+            self.trace(f"FAULT controller epoch {self.controller_host.controller.epoch} crashes")
+        self.controller_host.controller = None
+
+    def create_topic(self) -> None:
+        brokers = sorted(self.hosts)
+        start = self.rng.randrange(len(brokers))
+        assignment = assign_replicas_to_brokers(brokers, self.partitions, self.replication_factor,
+                                                fixed_start_index=start)  # fmt: skip
+        self.zk.create_topic(TOPIC, assignment)
+        self.trace(f"topic {TOPIC}: {dict(sorted(assignment.items()))}")
+
+    # -- the random run ----------------------------------------------------------------------------
+
+    def run(self, safety_ms: int = 3000, heal_steps: int = 30_000) -> SimResult:
+        violation = None
+        converged_after = None
+        try:
+            self.start_zk()
+            for host in self.hosts.values():
+                host.start()
+            self.start_controller()
+            self.create_topic()
+            self.faulting = True
+            self._schedule_produce()
+            self._schedule_fault()
+            self.run_until(safety_ms)
+            self.faulting = False
+            self.heal()
+            converged_after = self.converge(heal_steps)
+            self.final_check()
+        except InvariantViolation as e:
+            violation = e.violation
+        except Exception as e:  # an assertion inside a core, or a crash of the glue
+            violation = Violation("exception", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        if violation is not None:
+            self.trace(f"VIOLATION {violation}")
+        return SimResult(self.seed, self.protocol, self.steps, self.clock.now_ms(), violation,
+                         self.trace_lines, sum(len(a) for a in self.acked.values()),
+                         self.client.produced, self.faults, converged_after,
+                         vars(self.network.stats).copy())  # fmt: skip
+
+    def _tps(self):
+        return [(TOPIC, p) for p in range(self.partitions)]
+
+    def _schedule_produce(self) -> None:
+        if not self.faulting:
+            return
+        self._seq += 1
+        tp = self.rng.choice(self._tps())
+        count = self.rng.randint(1, 3)
+        values = tuple(f"{tp[1]}:{self._seq}.{i}".encode() for i in range(count))
+        acks = -1 if self.rng.random() < 0.8 else 1
+        self.client.produce(tp, values, acks)
+        self.scheduler.after(self.rng.randint(2, 25), self._schedule_produce)
+
+    def _schedule_fault(self) -> None:
+        self.scheduler.after(self.rng.randint(20, 250), self._fault)
+
+    def _fault(self) -> None:
+        if not self.faulting:
+            return
+        self._schedule_fault()
+        rng = self.rng
+        ids = sorted(self.hosts)
+        troubled = [b for b, h in self.hosts.items() if not h.alive or h.paused]
+        healthy = [b for b in ids if b not in troubled]
+        kind = rng.choice(["crash", "crash", "pause", "pause", "isolate", "cut", "drop",
+                           "controller", "preferred", "none"])  # fmt: skip
+        if kind in ("crash", "pause", "isolate") and (len(troubled) >= 2 or not healthy):
+            kind = "none"
+        self.faults += kind != "none"
+        if kind == "crash":
+            b = rng.choice(healthy)
+            self.trace(f"FAULT crash b{b}")
+            self.hosts[b].crash()
+            self.scheduler.after(rng.randint(20, 400), self._restart, b)
+        elif kind == "pause":
+            b = rng.choice(healthy)
+            duration = rng.randint(20, 500)
+            self.trace(f"FAULT pause b{b} for {duration} ms")
+            self.hosts[b].pause()
+            self.scheduler.after(duration, self._resume, b)
+        elif kind == "isolate":
+            b = rng.choice(healthy)
+            duration = rng.randint(20, 400)
+            self.trace(f"FAULT isolate b{b} for {duration} ms")
+            self.network.isolate(b)
+            self.scheduler.after(duration, self._heal_node, b)
+        elif kind == "cut":
+            nodes = [*ids, "zk", "controller"]
+            a, b = rng.sample(nodes, 2)
+            duration = rng.randint(20, 400)
+            self.trace(f"FAULT cut {a}<->{b} for {duration} ms")
+            self.network.cut(a, b)
+            self.scheduler.after(duration, self._heal_link, a, b)
+        elif kind == "drop":
+            rate = rng.choice([0.02, 0.05, 0.2])
+            duration = rng.randint(20, 300)
+            self.trace(f"FAULT drop {rate:.0%} of messages for {duration} ms")
+            self.network.drop_rate = rate
+            self.scheduler.after(duration, self._stop_drops)
+        elif kind == "controller":
+            self.crash_controller()
+            self.scheduler.after(rng.randint(10, 100), self._restart_controller)
+        elif kind == "preferred":
+            controller = self.controller_host.controller
+            tp = rng.choice(self._tps())
+            if controller is not None:
+                self.trace(f"FAULT preferred election {tp[0]}-{tp[1]}")
+                controller.preferred_election(tp)
+
+    def _restart(self, b) -> None:
+        if not self.hosts[b].alive:
+            self.trace(f"restart b{b}")
+            self.hosts[b].start()
+
+    def _resume(self, b) -> None:
+        if self.hosts[b].paused:
+            self.trace(f"resume b{b}")
+            self.hosts[b].resume()
+
+    def _heal_node(self, b) -> None:
+        self.network.cut_links = {link for link in self.network.cut_links if b not in link}
+
+    def _heal_link(self, a, b) -> None:
+        self.network.cut_links.discard(frozenset((a, b)))
+
+    def _stop_drops(self) -> None:
+        self.network.drop_rate = 0.0
+
+    def _restart_controller(self) -> None:
+        if self.controller_host.controller is None:
+            self.start_controller()
+
+    # -- heal and converge --------------------------------------------------------------------------
+
+    def heal(self) -> None:
+        self.trace("HEAL: faults stop; everything restarts, resumes and reconnects")
+        self.network.heal()
+        self.network.drop_rate = 0.0
+        for b, host in sorted(self.hosts.items()):
+            if not host.alive:
+                host.start()
+            elif host.paused:
+                host.resume()
+        if self.controller_host.controller is None or not self.controller_host.controller.active:
+            self.start_controller()
+
+    def converged(self) -> bool:
+        if self.client.inflight:
+            return False
+        for tp in self._tps():
+            found = self.zk.states.get(tp)
+            if found is None:
+                return False
+            state = found[0]
+            if set(state.isr) != set(self.zk.assignments[tp]):
+                return False
+            leader = self.checker.acting_leader(tp)
+            if leader is None:
+                return False
+            _, lhosted = leader
+            if lhosted.state.high_watermark != lhosted.log.log_end_offset:
+                return False
+            lview = log_view(lhosted.log)
+            for r in self.zk.assignments[tp]:
+                broker = self.hosts[r].incarnation
+                hosted = broker.partitions.get(tp) if broker else None
+                if hosted is None or hosted.state.leader_epoch != state.leader_epoch:
+                    return False
+                if hosted.state.high_watermark != lhosted.state.high_watermark:
+                    return False
+                view = log_view(hosted.log)
+                if view.batches != lview.batches:
+                    return False
+        return True
+
+    def converge(self, max_steps: int) -> int:
+        start = self.steps
+        while not self.converged():
+            if self.steps - start >= max_steps or not self.step():
+                self.checker.fail("no-convergence", f"not converged {self.steps - start} steps "
+                                  f"after the heal: {self.status()}")  # fmt: skip
+        self.trace(f"converged {self.steps - start} steps after the heal")
+        return self.steps - start
+
+    def final_check(self) -> None:
+        for tp in self._tps():
+            leader = self.checker.acting_leader(tp)
+            if leader is None:
+                self.checker.fail("no-convergence", f"{tp[0]}-{tp[1]} has no leader at the end")
+            view = log_view(leader[1].log)
+            for offset, value in self.acked.get(tp, {}).items():
+                if view.values.get(offset) != value:
+                    self.checker.fail("acked-lost", f"{tp[0]}-{tp[1]}: acknowledged {value!r} at "
+                                      f"{offset} is not in the final leader's log")  # fmt: skip
+
+    def status(self) -> str:
+        parts = []
+        for tp in self._tps():
+            found = self.zk.states.get(tp)
+            parts.append(f"{tp[0]}-{tp[1]} zk={found}")
+            for b, host in sorted(self.hosts.items()):
+                broker = host.incarnation
+                hosted = broker.partitions.get(tp) if broker else None
+                if hosted is None:
+                    parts.append(f"  b{b}: {'not hosted' if broker else 'down'}")
+                    continue
+                p = hosted.state
+                parts.append(f"  b{b}: leader b{p.leader_id} epoch {p.leader_epoch} isr "
+                             f"{sorted(p.isr)} pending {p.pending_isr} hw {p.high_watermark} "
+                             f"leo {p.log_end_offset}")  # fmt: skip
+        return "\n".join(parts)
+
+
+def run_seed(seed: int, protocol: str = "leader-epoch", **kwargs) -> SimResult:
+    sim = Simulator(seed, protocol)
+    try:
+        return sim.run(**kwargs)
+    finally:
+        sim.close()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0:100", help="N, or A:B for the range [A, B)")
+    parser.add_argument("--protocol", default="leader-epoch", choices=["leader-epoch", "hw-truncation"])
+    parser.add_argument("--trace", action="store_true", help="print the whole trace of each seed")
+    parser.add_argument("--update-golden", action="store_true", help="rewrite the scenario files")
+    parser.add_argument("--scenarios", action="store_true", help="run the scenario files")
+    args = parser.parse_args(argv)
+    if args.update_golden or args.scenarios:
+        from tests.sim.scenario import check_all
+
+        return check_all(update=args.update_golden)
+    if ":" in args.seeds:
+        a, b = (int(x) for x in args.seeds.split(":"))
+        seeds = range(a, b)
+    else:
+        seeds = [int(args.seeds)]
+    failed = 0
+    started = time.perf_counter()
+    for seed in seeds:
+        result = run_seed(seed, args.protocol)
+        if not result.ok or args.trace:
+            print(result.report(tail=10**9 if args.trace else TRACE_TAIL))
+        failed += not result.ok
+    elapsed = time.perf_counter() - started
+    print(f"{len(seeds)} seeds ({args.protocol}), {failed} failed, {elapsed:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
