@@ -112,6 +112,8 @@ class KafkaApis:
     async def handle_fetch(self, header: RequestHeader, reader: Reader) -> list:
         request = fetch.read_fetch_request(reader, header.api_version)
         responses = await self.replica_manager.fetch(request)
+        self.replica_manager.metrics.record_fetch(
+            sum(p.records_size for _, partitions in responses for p in partitions))  # fmt: skip
         return fetch.write_fetch_response(responses, header.api_version)
 
     # -- ListOffsets --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pathlib import Path
 from kio.schema.errors import ErrorCode
 
 from localcluster.broker.config import BrokerConfig
+from localcluster.metrics.board import NullMetricsWriter
 from localcluster.protocol.controller_requests import (
     LeaderAndIsrRequest,
     PartitionErrors,
@@ -118,6 +119,7 @@ class ReplicaManager:
         self.controller_epoch = -1
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
+        self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
         self._logs: dict[TopicPartition, Log] = {}
         self._checkpointed_hw: dict[TopicPartition, int] = {}
         self._isr_tasks: set[asyncio.Task] = set()
@@ -181,6 +183,12 @@ class ReplicaManager:
             lg.close()
         self._logs.clear()
         self.partitions.clear()
+
+    def publish_replicas(self) -> None:
+        """Put every hosted replica's offsets on the metrics board (for `status`)."""
+        self.metrics.update_replicas(
+            (tp[0], tp[1], h.state.is_leader, h.log.log_end_offset, h.state.high_watermark)
+            for tp, h in sorted(self.partitions.items()))  # fmt: skip
 
     def high_watermark_hint(self, tp: TopicPartition) -> int:
         hosted = self.partitions.get(tp)
@@ -323,9 +331,13 @@ class ReplicaManager:
         responses: list[ProducePartitionResponse] = []
         waiting: dict[asyncio.Future, ProducePartitionResponse] = {}
         loop = asyncio.get_running_loop()
+        started = loop.time()
+        appended = []
         for tp, records in entries:
-            response, required = self._append_to_leader(tp, records, acks)
+            response, required, info = self._append_to_leader(tp, records, acks)
             responses.append(response)
+            if info is not None:
+                appended.append((response, info))
             if required is None:
                 continue
             future = loop.create_future()
@@ -341,6 +353,10 @@ class ReplicaManager:
             await asyncio.wait(list(waiting))
             for future, response in waiting.items():
                 response.error_code = future.result()
+        latency_us = int((loop.time() - started) * 1e6)
+        for response, info in appended:
+            if response.error_code == ErrorCode.none:
+                self.metrics.record_produce(info.valid_bytes, info.records_count, latency_us)
         return responses
 
     def _expire_produces(self) -> None:
@@ -352,35 +368,35 @@ class ReplicaManager:
                 future.set_result(error)
 
     def _append_to_leader(self, tp: TopicPartition, records, acks: int):
-        """(response, offset the HW must reach before answering, or None)."""
+        """(response, offset the HW must reach before answering or None, AppendInfo or None)."""
         hosted = self.partitions.get(tp)
         partition = tp[1]
         if hosted is None:
-            return ProducePartitionResponse(partition, ErrorCode.unknown_topic_or_partition), None
+            return ProducePartitionResponse(partition, ErrorCode.unknown_topic_or_partition), None, None
         state = hosted.state
         if not state.is_leader:
-            return ProducePartitionResponse(partition, ErrorCode.not_leader_or_follower), None
+            return ProducePartitionResponse(partition, ErrorCode.not_leader_or_follower), None, None
         if records is None or not len(records):
             return ProducePartitionResponse(partition, ErrorCode.corrupt_message,
-                                            error_message="no records"), None  # fmt: skip
+                                            error_message="no records"), None, None  # fmt: skip
         too_large = self._first_batch_over(records, self.config.message_max_bytes)
         if too_large is not None:
             return ProducePartitionResponse(partition, ErrorCode.message_too_large,
-                                            error_message=too_large), None  # fmt: skip
+                                            error_message=too_large), None, None  # fmt: skip
         min_isr = hosted.min_insync_replicas(self.config.min_insync_replicas)
         if acks == -1 and state.in_sync_count() < min_isr:
             return ProducePartitionResponse(
                 partition, ErrorCode.not_enough_replicas,
-                error_message=f"ISR {sorted(state.isr)} has fewer than min.insync.replicas={min_isr}"), None  # fmt: skip
+                error_message=f"ISR {sorted(state.isr)} has fewer than min.insync.replicas={min_isr}"), None, None  # fmt: skip
         try:
             info = hosted.log.append(records, state.leader_epoch)
         except CorruptRecordError as e:
             log.info("rejected a corrupt batch for %s-%d: %s", *tp, e)
             return ProducePartitionResponse(partition, ErrorCode.corrupt_message,
-                                            error_message=str(e)), None  # fmt: skip
+                                            error_message=str(e)), None, None  # fmt: skip
         except RecordBatchTooLargeError as e:
             return ProducePartitionResponse(partition, ErrorCode.message_too_large,
-                                            error_message=str(e)), None  # fmt: skip
+                                            error_message=str(e)), None, None  # fmt: skip
         if state.on_local_append(hosted.log.log_end_offset):
             self._on_high_watermark_moved(tp)
         self.notifier.notify()
@@ -388,8 +404,8 @@ class ReplicaManager:
                                             hosted.log.log_start_offset)  # fmt: skip
         required = info.last_offset + 1
         if acks == -1 and state.high_watermark < required:
-            return response, required
-        return response, None
+            return response, required, info
+        return response, None, info
 
     @staticmethod
     def _first_batch_over(records, limit: int) -> str | None:
@@ -439,6 +455,7 @@ class ReplicaManager:
         if hosted is None or hosted.state.leader_epoch != update.leader_epoch:
             return
         if ok:
+            self.metrics.record_isr_change(shrink=len(update.isr) < len(hosted.state.isr))
             if hosted.state.on_isr_update_succeeded(update.isr, version):
                 self._on_high_watermark_moved(tp)
         else:

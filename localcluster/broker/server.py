@@ -31,12 +31,14 @@ from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.shutdown import controlled_shutdown
 from localcluster.coord.znode_data import BrokerRegistration
+from localcluster.metrics import MetricsBoard
 from localcluster.tasks import cancel_and_wait
 from localcluster.controller.controller import KafkaController
 
 log = logging.getLogger(__name__)
 
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 10
+METRICS_REPLICAS_INTERVAL_MS = 500
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep a margin
 
 
@@ -121,6 +123,7 @@ class BrokerServer:
         tcp = tcp_listen(c.listener_host, c.port)
         unix = unix_listen(str(self.socket_path))
         apis = KafkaApis(self.replica_manager, self.metadata)
+        self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(self.metadata.update_isr, update)
         self.replica_manager.fetchers = ReplicaFetcherManager(
             self.replica_manager, c.broker_id, c.replica_fetch_wait_max_ms,
@@ -146,6 +149,8 @@ class BrokerServer:
             loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
             loop.create_task(self._every(max(c.replica_lag_time_max_ms // 2, 10),
                                          self.replica_manager.maybe_shrink_isr)),
+            loop.create_task(self._every(METRICS_REPLICAS_INTERVAL_MS,
+                                         self.replica_manager.publish_replicas)),
         ]  # fmt: skip
         log.info("broker %d ready: tcp %s:%d, unix %s, logs in %s", c.broker_id, c.listener_host,
                  port, self.socket_path, self.data_dir)  # fmt: skip
@@ -208,6 +213,7 @@ class BrokerServer:
         except OSError:
             pass
         self.replica_manager.close()
+        self.replica_manager.metrics.close()
         if getattr(self, "coord", None) is not None:
             self.coord.stop()
         (self.broker_dir / "broker.pid").unlink(missing_ok=True)
