@@ -135,6 +135,29 @@ def test_controller_target_and_logs(cli):
     assert f"broker-{state['controller']}" in cli.run("logs", "controller", "-n", "200").stdout
 
 
+def test_status_reads_the_metrics_board(cli):
+    """A writer in this process stands in for a broker (row 100: no broker of the cluster)."""
+    from localcluster.metrics import MetricsBoard
+
+    cli.run("topic", "create", "board", "-p", "1", "-r", "1", check=True)
+    writer = MetricsBoard.open_writer(cli.cluster_dir, 100)
+    try:
+        writer.record_produce(1000, 10, 1500)
+        writer.record_isr_change(shrink=True)
+        writer.update_replicas([("board", 0, True, 30, 28)])
+        result = cli.run("status", "--watch", "--json", "--count", "1", check=True)
+        frame = json.loads(result.stdout.splitlines()[0])
+        row = [r for r in frame["rates"] if r["id"] == 100][0]
+        assert row["isr_shrinks"] == 1 and row["produce_p50_us"] == 2048
+        orders0 = [p for p in frame["partitions"] if (p["topic"], p["partition"]) == ("orders", 0)][
+            0
+        ]
+        assert orders0["replica_offsets"]["100"] == {"log_end_offset": 30, "high_watermark": 28}
+        assert "100:30/28" in cli.run("status", check=True).stdout
+    finally:
+        writer.close()
+
+
 def test_status_watch_json_refreshes(cli):
     result = cli.run("status", "--watch", "--json", "--count", "2", "--interval", "0.2", check=True)
     frames = [json.loads(line) for line in result.stdout.splitlines()]
