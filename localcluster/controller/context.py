@@ -6,10 +6,18 @@ Only the controller's event loop touches it. `leadership` holds each partition's
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
-from localcluster.controller.state_machines import StateTable, partition_states, replica_states
+from localcluster.controller.state_machines import (
+    IllegalStateTransition,
+    StateTable,
+    partition_states,
+    replica_states,
+)
 from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr
+
+log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 
@@ -60,6 +68,22 @@ class ControllerContext:
     def unclean_enabled(self, tp: TopicPartition, default: bool) -> bool:
         value = self.topic_configs.get(tp[0], {}).get("unclean.leader.election.enable")
         return default if value is None else value.lower() == "true"
+
+    def move_partition(self, tp: TopicPartition, target) -> bool:
+        """Transition a partition; an illegal transition is logged and changes nothing."""
+        return self._move(self.partition_states, tp, target)
+
+    def move_replica(self, tp: TopicPartition, replica: int, target) -> bool:
+        return self._move(self.replica_states, (tp, replica), target)
+
+    @staticmethod
+    def _move(table: StateTable, key, target) -> bool:
+        try:
+            table.move(key, target)
+        except IllegalStateTransition as e:
+            log.warning("controller: %s; left as it is", e)
+            return False
+        return True
 
     def remove_topic(self, topic: str) -> None:
         for tp in self.partitions_of(topic):

@@ -20,11 +20,7 @@ from collections.abc import Callable
 from localcluster.controller.channel import ControllerChannelManager, RequestBatch
 from localcluster.controller.context import ControllerContext, Leadership
 from localcluster.controller.leadership import OFFLINE, PartitionLeadership
-from localcluster.controller.state_machines import (
-    IllegalStateTransition,
-    PartitionState,
-    ReplicaState,
-)
+from localcluster.controller.state_machines import PartitionState, ReplicaState
 from localcluster.controller.topic_operations import TopicOperations
 from localcluster.coord import ChildrenWatch, DataWatch, paths
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
@@ -277,11 +273,11 @@ class KafkaController:
         batch = self.new_batch()
         for tp, lead in sorted(ctx.leadership.items()):
             if lead.state.leader in dead and tp[0] not in ctx.topics_to_delete:
-                self._move_partition(tp, PartitionState.OFFLINE)
+                self.ctx.move_partition(tp, PartitionState.OFFLINE)
         await self.leadership.trigger_online_partition_state_change(batch)
         for broker in sorted(dead):
             for tp in ctx.partitions_on(broker):
-                self._move_replica(tp, broker, ReplicaState.OFFLINE)
+                self.ctx.move_replica(tp, broker, ReplicaState.OFFLINE)
                 await self.leadership.remove_replica_from_isr(tp, broker, batch)
         self.send(batch)
 
@@ -290,24 +286,12 @@ class KafkaController:
         batch = self.new_batch()
         for broker in sorted(new):
             for tp in ctx.partitions_on(broker):
-                self._move_replica(tp, broker, ReplicaState.ONLINE)
+                self.ctx.move_replica(tp, broker, ReplicaState.ONLINE)
                 if tp in ctx.leadership:
                     self.leadership.add_leader_and_isr(batch, tp, [broker])
         await self.leadership.trigger_online_partition_state_change(batch)
         self.send(batch)
         await self.operations.after_brokers_started()
-
-    def _move_partition(self, tp, target: PartitionState) -> None:
-        try:
-            self.ctx.partition_states.move(tp, target)
-        except IllegalStateTransition as e:
-            log.warning("controller: %s; left as it is", e)
-
-    def _move_replica(self, tp, replica: int, target: ReplicaState) -> None:
-        try:
-            self.ctx.replica_states.move((tp, replica), target)
-        except IllegalStateTransition as e:
-            log.warning("controller: %s; left as it is", e)
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -335,14 +319,14 @@ class KafkaController:
             return
         ctx = self.ctx
         for tp in partitions:
-            self._move_partition(tp, PartitionState.NEW)
+            self.ctx.move_partition(tp, PartitionState.NEW)
             for replica in ctx.assignments[tp]:
-                self._move_replica(tp, replica, ReplicaState.NEW)
+                self.ctx.move_replica(tp, replica, ReplicaState.NEW)
         batch = self.new_batch()
         await self.leadership.to_online(partitions, OFFLINE, batch)
         for tp in partitions:
             for replica in ctx.live_replicas(tp):
-                self._move_replica(tp, replica, ReplicaState.ONLINE)
+                self.ctx.move_replica(tp, replica, ReplicaState.ONLINE)
         self.send(batch)
 
     async def _on_isr_change(self) -> None:

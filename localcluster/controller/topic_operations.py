@@ -18,7 +18,7 @@ import logging
 from kio.schema.errors import ErrorCode
 
 from localcluster.controller.leadership import CONTROLLED_SHUTDOWN, PREFERRED, REASSIGN
-from localcluster.controller.state_machines import IllegalStateTransition, PartitionState, ReplicaState
+from localcluster.controller.state_machines import PartitionState, ReplicaState
 from localcluster.coord.znode_data import TopicAssignment
 
 log = logging.getLogger(__name__)
@@ -78,16 +78,16 @@ class TopicOperations:
         if dead:
             for tp, r in replicas:
                 if r in dead:
-                    self._move_replica(tp, r, ReplicaState.OFFLINE)
-                    self._move_replica(tp, r, ReplicaState.DELETION_INELIGIBLE)
+                    self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
+                    self.ctx.move_replica(tp, r, ReplicaState.DELETION_INELIGIBLE)
             self.c.event(f"deletion of topic {topic} waits for broker(s) {dead} to return")
             return
         batch = self.c.new_batch()
         for tp in ctx.partitions_of(topic):
-            self._move_partition(tp, PartitionState.OFFLINE)
+            self.ctx.move_partition(tp, PartitionState.OFFLINE)
         for tp, r in replicas:
-            self._move_replica(tp, r, ReplicaState.OFFLINE)
-            self._move_replica(tp, r, ReplicaState.DELETION_STARTED)
+            self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
+            self.ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
             batch.add_stop_replica(r, tp, delete=True)
         self._pending_deletes[topic] = set(replicas)
         self.c.send(batch)
@@ -103,7 +103,7 @@ class TopicOperations:
             key = ((topic, partition), broker)
             if error == ErrorCode.none and key in pending:
                 pending.discard(key)
-                self._move_replica(*key, ReplicaState.DELETION_SUCCESSFUL)
+                self.ctx.move_replica(*key, ReplicaState.DELETION_SUCCESSFUL)
         for topic, pending in list(self._pending_deletes.items()):
             if not pending:
                 del self._pending_deletes[topic]
@@ -113,8 +113,8 @@ class TopicOperations:
         ctx = self.ctx
         for tp in ctx.partitions_of(topic):
             for r in ctx.assignments[tp]:
-                self._move_replica(tp, r, ReplicaState.NON_EXISTENT)
-            self._move_partition(tp, PartitionState.NON_EXISTENT)
+                self.ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
+            self.ctx.move_partition(tp, PartitionState.NON_EXISTENT)
         await self.run(self.zk.delete_topic_znodes, topic)
         ctx.remove_topic(topic)
         self.c.event(f"topic {topic} deleted")
@@ -155,12 +155,12 @@ class TopicOperations:
         await self._write_assignment(tp[0], adding={tp: adding},
                                      removing={tp: tuple(r for r in current if r not in target)})  # fmt: skip
         for r in adding:
-            self._move_replica(tp, r, ReplicaState.NEW)
+            self.ctx.move_replica(tp, r, ReplicaState.NEW)
         batch = self.c.new_batch()
         await self.c.leadership.bump_epoch(tp, batch)
         for r in adding:
             if r in ctx.live_brokers:
-                self._move_replica(tp, r, ReplicaState.ONLINE)
+                self.ctx.move_replica(tp, r, ReplicaState.ONLINE)
         self.c.send(batch)
         self.c.event(f"{tp[0]}-{tp[1]}: reassignment {list(current)} -> {list(target)} started")
         await self._maybe_complete_reassignment(tp)
@@ -181,11 +181,11 @@ class TopicOperations:
         else:
             await self.c.leadership.bump_epoch(tp, batch, isr=[r for r in lead.state.isr if r in target])
         for r in removed:
-            self._move_replica(tp, r, ReplicaState.OFFLINE)
-            self._move_replica(tp, r, ReplicaState.DELETION_STARTED)
+            self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
+            self.ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
             batch.add_stop_replica(r, tp, delete=True)
-            self._move_replica(tp, r, ReplicaState.DELETION_SUCCESSFUL)
-            self._move_replica(tp, r, ReplicaState.NON_EXISTENT)
+            self.ctx.move_replica(tp, r, ReplicaState.DELETION_SUCCESSFUL)
+            self.ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
         self.c.send(batch)
         del ctx.reassignments[tp]
         await self._write_assignment(tp[0])
@@ -259,17 +259,3 @@ class TopicOperations:
                 batch.add_stop_replica(broker, tp, delete=False)
         self.c.send(batch)
         answer.set_result((ErrorCode.none, ctx.partitions_led_by(broker)))
-
-    # -- state machine helpers ----------------------------------------------------------------
-
-    def _move_partition(self, tp, target) -> None:
-        try:
-            self.ctx.partition_states.move(tp, target)
-        except IllegalStateTransition as e:
-            log.warning("controller: %s; left as it is", e)
-
-    def _move_replica(self, tp, replica, target) -> None:
-        try:
-            self.ctx.replica_states.move((tp, replica), target)
-        except IllegalStateTransition as e:
-            log.warning("controller: %s; left as it is", e)
