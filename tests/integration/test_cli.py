@@ -147,12 +147,12 @@ def test_status_reads_the_metrics_board(cli):
         writer.update_replicas([("board", 0, True, 30, 28)])
         result = cli.run("status", "--watch", "--json", "--count", "1", check=True)
         frame = json.loads(result.stdout.splitlines()[0])
-        row = [r for r in frame["rates"] if r["id"] == 100][0]
+        rows = [r for r in frame["rates"] if r["id"] == 100]
+        assert rows, (frame["rates"], result.stderr)
+        row = rows[0]
         assert row["isr_shrinks"] == 1 and row["produce_p50_us"] == 2048
-        orders0 = [p for p in frame["partitions"] if (p["topic"], p["partition"]) == ("orders", 0)][
-            0
-        ]
-        assert orders0["replica_offsets"]["100"] == {"log_end_offset": 30, "high_watermark": 28}
+        board0 = [p for p in frame["partitions"] if p["topic"] == "board"][0]
+        assert board0["replica_offsets"]["100"] == {"log_end_offset": 30, "high_watermark": 28}
         assert "100:30/28" in cli.run("status", check=True).stdout
     finally:
         writer.close()
