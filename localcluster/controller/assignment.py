@@ -48,15 +48,22 @@ def assign_replicas_to_brokers(brokers: Sequence[int], partitions: int, replicat
                    start_partition_id, rng)  # fmt: skip
 
 
-def _assign(brokers, partitions, rf, fixed_start_index, start_partition_id, rng):
-    n = len(brokers)
+def _placements(n, partitions, fixed_start_index, start_partition_id, rng):
+    """(partition id, index of its first replica, replica shift), Kafka's walk: a start
+    index and shift (random unless fixed), the shift growing every n partitions."""
     start_index = fixed_start_index if fixed_start_index >= 0 else rng.randrange(n)
     shift = fixed_start_index if fixed_start_index >= 0 else rng.randrange(n)
-    out = {}
     for partition_id in range(start_partition_id, start_partition_id + partitions):
         if partition_id > 0 and partition_id % n == 0:
             shift += 1
-        first = (partition_id + start_index) % n
+        yield partition_id, (partition_id + start_index) % n, shift
+
+
+def _assign(brokers, partitions, rf, fixed_start_index, start_partition_id, rng):
+    n = len(brokers)
+    out = {}
+    for partition_id, first, shift in _placements(n, partitions, fixed_start_index,
+                                                  start_partition_id, rng):  # fmt: skip
         replicas = [brokers[first]]
         replicas += [brokers[replica_index(first, shift, j, n)] for j in range(rf - 1)]
         out[partition_id] = replicas
@@ -83,13 +90,9 @@ def _assign_rack_aware(brokers, partitions, rf, fixed_start_index, start_partiti
     arranged = rack_alternated_broker_list(rack_of)
     n = len(arranged)
     num_racks = len(set(rack_of.values()))
-    start_index = fixed_start_index if fixed_start_index >= 0 else rng.randrange(n)
-    shift = fixed_start_index if fixed_start_index >= 0 else rng.randrange(n)
     out = {}
-    for partition_id in range(start_partition_id, start_partition_id + partitions):
-        if partition_id > 0 and partition_id % n == 0:
-            shift += 1
-        first = (partition_id + start_index) % n
+    for partition_id, first, shift in _placements(n, partitions, fixed_start_index,
+                                                  start_partition_id, rng):  # fmt: skip
         leader = arranged[first]
         replicas = [leader]
         racks_with_replica = {rack_of[leader]}
