@@ -59,20 +59,27 @@ class Fault:
     partition: int  # whose leader / follower (leader and follower targets)
     pick: float  # [0, 1): which of several candidates (follower, any)
     down_ms: int  # until the restart (kill) or SIGCONT (stop)
+    chain_ms: int = -1  # >= 0: then SIGKILL the partition's next leader this long after its election
 
     def describe(self) -> str:
         what = {"leader": f"leader of p{self.partition}", "follower": f"a follower of p{self.partition}",
                 "controller": "the controller", "any": "any broker", "supervisor": "the supervisor"}  # fmt: skip
         back = "restart" if self.fault == "kill" else "SIGCONT"
         sig = "SIGKILL" if self.fault == "kill" else "SIGSTOP"
-        return f"t={self.at_ms / 1000:7.3f}s  {sig} {what[self.target]} (pick {self.pick:.2f}), {back} after {self.down_ms} ms"
+        chain = (f"; then SIGKILL the next leader of p{self.partition} {self.chain_ms} ms after its election"
+                 if self.chain_ms >= 0 else "")  # fmt: skip
+        return (f"t={self.at_ms / 1000:7.3f}s  {sig} {what[self.target]} (pick {self.pick:.2f}), {back} after "
+                f"{self.down_ms} ms{chain}")  # fmt: skip
 
 
 def make_schedule(seed: int, duration_s: float, kill_every_ms: int, targets, faults, partitions: int,
                   session_timeout_ms: int = 6000) -> list[Fault]:  # fmt: skip
     """Faults at exponential gaps averaging kill_every_ms (so some come close together, as two
     failures in a row do). Kills stay down 0.5-3x kill_every_ms; stops pause 0.2-2x, or one in
-    five past the session timeout, so the paused broker is declared dead and later wakes up."""
+    five past the session timeout, so the paused broker is declared dead and later wakes up.
+    One leader kill in four is a chain: the partition's next leader is killed too, 0-40 ms after
+    the store names it (a cascading failure: the window in which a follower that has just cut
+    its log, as hw-truncation does, has not fetched it back yet)."""
     rng = random.Random(seed)
     out = []
     t = rng.expovariate(1 / kill_every_ms)
@@ -87,7 +94,10 @@ def make_schedule(seed: int, duration_s: float, kill_every_ms: int, targets, fau
             down = session_timeout_ms * rng.uniform(1.2, 1.6)
         else:
             down = rng.uniform(0.2, 2.0) * kill_every_ms
-        out.append(Fault(int(t), fault, target, partition, round(pick, 4), max(50, int(down))))
+        chain = rng.randrange(0, 41) if rng.random() < 0.25 else -1
+        if not (fault == "kill" and target == "leader"):
+            chain = -1
+        out.append(Fault(int(t), fault, target, partition, round(pick, 4), max(50, int(down)), chain))
         t += rng.expovariate(1 / kill_every_ms)
     return out
 
@@ -181,6 +191,7 @@ class Engine:
     cycles: int = 0
     skipped: int = 0
     unavailable: dict = field(default_factory=lambda: defaultdict(list))  # p -> [[start, end]]
+    chains: list = field(default_factory=list)  # [partition, old leader, fault, give up at ms]
     _open_windows: dict = field(default_factory=dict)
     _zk: object = None
 
@@ -266,6 +277,8 @@ class Engine:
         else:
             cluster.send_signal(pid, signal.SIGSTOP)
             self.down[broker] = "stopped"
+        if fault.chain_ms >= 0:
+            self.chains.append([fault.partition, broker, fault, self.now_ms() + 5000])
         self.record("SIGKILL" if fault.fault == "kill" else "SIGSTOP", broker=broker, pid=pid,
                     target=fault.target + (f":p{fault.partition}" if fault.target in ("leader", "follower") else ""),
                     back_in_ms=fault.down_ms)  # fmt: skip
@@ -337,6 +350,23 @@ class Engine:
         self.cycles += 1
         self.record("restart", supervisor=process.pid)
 
+    def due_chains(self) -> list[Fault]:
+        """Chained kills whose partition has elected its next leader: due now + chain_ms."""
+        out = []
+        now = self.now_ms()
+        for chain in list(self.chains):
+            partition, old_leader, fault, give_up_ms = chain
+            state = self.state(partition)
+            if state is not None and state.leader >= 0 and state.leader != old_leader:
+                self.chains.remove(chain)
+                out.append(Fault(now + fault.chain_ms, "kill", "leader", partition, 0.0, fault.down_ms))
+                self.record("chain", partition=partition, new_leader=state.leader,
+                            epoch=state.leader_epoch, kill_in_ms=fault.chain_ms)  # fmt: skip
+            elif now > give_up_ms:
+                self.chains.remove(chain)
+                self.record("chain", partition=partition, why="'no new leader within 5 s'")
+        return out
+
     # -- availability -------------------------------------------------------------------------
 
     def monitor(self) -> None:
@@ -369,12 +399,15 @@ class Engine:
         next_monitor = 0.0
         end_ms = duration_s * 1000
         while queue and self.now_ms() < end_ms + 60_000:
-            at, _, kind, item = queue[0]
-            now = self.now_ms()
             if time.monotonic() >= next_monitor:
                 self.monitor()
                 self.reap()
                 next_monitor = time.monotonic() + MONITOR_EVERY_S
+            for chained in self.due_chains() if self.chains else ():
+                counter += 1
+                heapq.heappush(queue, (chained.at_ms, counter, "fault", chained))
+            at, _, kind, item = queue[0]
+            now = self.now_ms()
             if at > now:
                 time.sleep(min(TICK_S, (at - now) / 1000))  # the schedule's timeline
                 continue
