@@ -81,6 +81,9 @@ def summary_lines(state: dict) -> list[str]:
     controller = state["controller"]
     lines = [f"controller: {controller if controller is not None else 'none elected'}",
              f"bootstrap servers: {state['bootstrap_servers'] or '(no broker registered)'}"]  # fmt: skip
+    supervisor = state.get("supervisor_pid")
+    lines.append(f"supervisor: pid {supervisor}" if supervisor else
+                 "supervisor: not running (the brokers run on their own; `down` still stops them)")  # fmt: skip
     stale = [b["id"] for b in state["brokers"] if b["stale_pid_file"]]
     if stale:
         lines.append(f"stale pid files for brokers {_ids(stale)} (those processes are gone; "
