@@ -44,6 +44,7 @@ class KafkaApis:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.handle_offset_for_leader_epoch,
             ApiKey.LEADER_AND_ISR: self.handle_leader_and_isr,
             ApiKey.STOP_REPLICA: self.handle_stop_replica,
+            ApiKey.UPDATE_METADATA: self.handle_update_metadata,
             ApiKey.CONTROLLED_SHUTDOWN: self.handle_controlled_shutdown,
         }
         self.controller = None  # KafkaController, set by the server
@@ -159,6 +160,10 @@ class KafkaApis:
         configs = await self.metadata.topic_configs({p.topic for p in request.partitions})
         response = self.replica_manager.become_leader_or_follower(request, configs)
         return controller_requests.write_partition_errors(response)
+
+    async def handle_update_metadata(self, header: RequestHeader, reader: Reader) -> bytes:
+        request = controller_requests.read_update_metadata(reader)
+        return controller_requests.write_error_code(self.metadata.cache.update(request))
 
     async def handle_stop_replica(self, header: RequestHeader, reader: Reader) -> bytes:
         request = controller_requests.read_stop_replica(reader)

@@ -1,9 +1,9 @@
 """ClusterMetadata: the broker's view of brokers, topics and leaders, for Metadata and admin.
 
-Reads are answered from the store itself through KafkaZkClient (a znode read is a file read
-with the embedded backend), in a worker thread so a real ZooKeeper's latency never blocks the
-event loop. This replaces Kafka's UpdateMetadata-fed cache: the store is the cache's source,
-and reading it directly is never staler than a cache would be.
+Metadata is answered from the MetadataCache that the controller's UpdateMetadata requests
+fill, as in Kafka. Until the first one arrives (or where no broker runs a controller) it is
+read from the store through KafkaZkClient, in a worker thread so a real ZooKeeper's latency
+never blocks the event loop.
 
 CreateTopics only validates and writes the topic's config and assignment: the controller sees
 the new topic, elects its leaders and writes their state (New -> Online).
@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
 
+from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.controller.assignment import (
     InvalidReplicationFactorError,
     assign_replicas_to_brokers,
@@ -65,8 +66,9 @@ def check_replica_assignment(table: dict[int, tuple[int, ...]]) -> None:
 
 
 class ClusterMetadata:
-    def __init__(self, coord: CoordinationClient, broker_id: int, defaults):
+    def __init__(self, coord: CoordinationClient, broker_id: int, defaults, cache: MetadataCache):
         self.coord = coord
+        self.cache = cache
         self.zk = KafkaZkClient(coord)
         self.broker_id = broker_id
         self.defaults = defaults  # BrokerConfig: num.partitions, default.replication.factor
@@ -130,6 +132,8 @@ class ClusterMetadata:
         return await self._run(self._describe, names, allow_auto_create)
 
     def _describe(self, names: list[str] | None, allow_auto_create: bool) -> dict:
+        if self.cache.ready:
+            return self._describe_from_cache(names, allow_auto_create)
         live = self.zk.live_brokers()
         brokers = [{"node_id": b, "host": r.host, "port": r.port, "rack": r.rack}
                    for b, r in sorted(live.items())]  # fmt: skip
@@ -139,6 +143,30 @@ class ClusterMetadata:
         controller = self.zk.controller_id()
         return {"brokers": brokers, "cluster_id": self.zk.cluster_id(),
                 "controller_id": controller if controller is not None else -1, "topics": topics}  # fmt: skip
+
+    def _describe_from_cache(self, names: list[str] | None, allow_auto_create: bool) -> dict:
+        cache = self.cache
+        brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
+                   for _, b in sorted(cache.brokers.items())]  # fmt: skip
+        topics = []
+        for name in cache.topics() if names is None else names:
+            partitions = cache.partitions_of(name) if legal_topic(name) else {}
+            if not partitions:  # unknown to the controller (yet): the store decides
+                topics.append(self._describe_topic(name, cache.brokers, allow_auto_create and names is not None))
+                continue
+            topics.append({"name": name, "error_code": 0, "partitions": [
+                self._partition_entry(p, c.leader, c.leader_epoch, c.isr, c.replicas, cache.brokers)
+                for p, c in sorted(partitions.items())]})  # fmt: skip
+        return {"brokers": brokers, "cluster_id": self.zk.cluster_id(),
+                "controller_id": cache.controller_id, "topics": topics}  # fmt: skip
+
+    @staticmethod
+    def _partition_entry(partition, leader, leader_epoch, isr, replicas, live) -> dict:
+        led = leader >= 0 and leader in live
+        return {"error_code": 0 if led else ErrorCode.leader_not_available,
+                "partition_index": partition, "leader_id": leader if led else -1,
+                "leader_epoch": leader_epoch, "replica_nodes": list(replicas),
+                "isr_nodes": list(isr), "offline_replicas": [r for r in replicas if r not in live]}  # fmt: skip
 
     def _describe_topic(self, name: str, live, auto_create: bool) -> dict:
         auto_create = auto_create and self.defaults.auto_create_topics_enable
@@ -163,13 +191,10 @@ class ClusterMetadata:
 
     def _describe_partition(self, topic: str, partition: int, replicas, live) -> dict:
         found = self.zk.partition_state(topic, partition)
-        state: LeaderAndIsr | None = found[0] if found else None
-        led = state is not None and state.leader >= 0 and state.leader in live
-        return {"error_code": 0 if led else ErrorCode.leader_not_available,
-                "partition_index": partition, "leader_id": state.leader if led else -1,
-                "leader_epoch": state.leader_epoch if state else -1,
-                "replica_nodes": list(replicas), "isr_nodes": list(state.isr) if state else [],
-                "offline_replicas": [r for r in replicas if r not in live]}  # fmt: skip
+        if found is None:
+            return self._partition_entry(partition, -1, -1, (), replicas, live)
+        state: LeaderAndIsr = found[0]
+        return self._partition_entry(partition, state.leader, state.leader_epoch, state.isr, replicas, live)
 
     # -- CreateTopics -------------------------------------------------------------------------
 
@@ -230,6 +255,8 @@ class ClusterMetadata:
         partition's leader, so a client's next Metadata finds them."""
 
         def ready() -> bool:
+            if self.cache.ready:
+                return all(self.cache.partitions_of(name) for name in names)
             for name in names:
                 assignment = self.zk.assignment(name)
                 if assignment is None or any(self.zk.partition_state(name, p) is None

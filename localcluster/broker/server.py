@@ -26,14 +26,15 @@ from localcluster import coord
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.kafka_apis import KafkaApis
 from localcluster.broker.metadata import ClusterMetadata
+from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.broker.network import Listener, tcp_listen, unix_listen
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.shutdown import controlled_shutdown
+from localcluster.controller.controller import KafkaController
 from localcluster.coord.znode_data import BrokerRegistration
 from localcluster.metrics import MetricsBoard
 from localcluster.tasks import cancel_and_wait
-from localcluster.controller.controller import KafkaController
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ class BrokerServer:
         self.coord = await asyncio.to_thread(
             coord.connect, self.coordination,
             session_timeout_ms=self.config.zookeeper_session_timeout_ms)  # fmt: skip
-        self.metadata = ClusterMetadata(self.coord, self.config.broker_id, self.config)
+        self.metadata_cache = MetadataCache()
+        self.metadata = ClusterMetadata(self.coord, self.config.broker_id, self.config, self.metadata_cache)
         try:
             await self._await_free_registration()
             await asyncio.to_thread(self.replica_manager.open_logs)
@@ -192,7 +194,7 @@ class BrokerServer:
 
     def _retention(self) -> None:
         now_ms = int(time.time() * 1000)
-        for tp, hosted in self.replica_manager.partitions.items():
+        for hosted in self.replica_manager.partitions.values():
             if hosted.log.delete_old_segments(now_ms, hosted.state.high_watermark):
                 hosted.state.on_log_start_offset(hosted.log.log_start_offset)
 

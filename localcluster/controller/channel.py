@@ -35,6 +35,7 @@ class _Request:
     api_key: int
     body: bytes
     on_response: OnResponse | None
+    parse: Callable[[Reader], object] = cr.read_partition_errors
 
 
 @dataclass
@@ -102,8 +103,8 @@ class _BrokerQueue:
                                                           client_id=self.client_id, max_in_flight=1)  # fmt: skip
         frame, offset = await self.connection.send(request.api_key, lambda v: request.body, version=0,
                                                    timeout_ms=REQUEST_TIMEOUT_MS)  # fmt: skip
-        response = cr.read_partition_errors(Reader(frame, offset))
-        if response.error_code:
+        response = request.parse(Reader(frame, offset))
+        if getattr(response, "error_code", response):
             log.warning("controller: broker %d answered %s with error %d", self.broker_id,
                         ApiKey(request.api_key).name, response.error_code)  # fmt: skip
         return response
@@ -137,14 +138,15 @@ class ControllerChannelManager:
         if queue is not None:
             await queue.close()
 
-    def send(self, broker_id: int, api_key: int, body: bytes, on_response: OnResponse | None = None) -> None:
+    def send(self, broker_id: int, api_key: int, body: bytes, on_response: OnResponse | None = None,
+             parse: Callable[[Reader], object] = cr.read_partition_errors) -> None:  # fmt: skip
         queue = self._queues.get(broker_id)
         if queue is None:
             log.info("controller: no channel to broker %d (not live); dropping %s", broker_id,
                      ApiKey(api_key).name)  # fmt: skip
             return
         try:
-            queue.queue.put_nowait(_Request(api_key, body, on_response))
+            queue.queue.put_nowait(_Request(api_key, body, on_response, parse))
         except asyncio.QueueFull:
             log.error("controller: queue to broker %d is full (%d requests); dropping %s",
                       broker_id, QUEUE_BOUND, ApiKey(api_key).name)  # fmt: skip

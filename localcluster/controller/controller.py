@@ -24,6 +24,8 @@ from localcluster.controller.state_machines import PartitionState, ReplicaState
 from localcluster.controller.topic_operations import TopicOperations
 from localcluster.coord import ChildrenWatch, DataWatch, paths
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
+from localcluster.protocol import controller_requests as cr
+from localcluster.protocol.api import ApiKey
 from localcluster.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -245,7 +247,31 @@ class KafkaController:
         return RequestBatch(self.broker_id, self.ctx.epoch)
 
     def send(self, batch: RequestBatch) -> None:
+        """Send what an event decided, then every live broker's new metadata picture."""
         batch.send(self.channel, self.operations.on_stop_replica_response)
+        self.send_update_metadata()
+
+    def send_update_metadata(self) -> None:
+        """A full picture (live brokers, every partition's leadership) to every live broker:
+        simpler than Kafka's incremental updates and never wrong; its size grows with the
+        partition count, which a single host keeps small."""
+        ctx = self.ctx
+        live = ctx.live_brokers
+        states, offline = [], []
+        for tp, lead in sorted(ctx.leadership.items()):
+            if tp not in ctx.assignments or tp[0] in ctx.topics_to_delete:
+                continue
+            replicas = ctx.assignments[tp]
+            states.append(cr.PartitionState(tp[0], tp[1], ctx.epoch, lead.state.leader,
+                                            lead.state.leader_epoch, lead.state.isr,
+                                            lead.zk_version, replicas))  # fmt: skip
+            offline.append(tuple(r for r in replicas if r not in live))
+        brokers = tuple(cr.MetadataBroker(b, r.host, r.port, r.rack, r.unix_socket)
+                        for b, r in sorted(live.items()))  # fmt: skip
+        body = cr.write_update_metadata(cr.UpdateMetadataRequest(
+            self.broker_id, ctx.epoch, tuple(states), tuple(offline), brokers))  # fmt: skip
+        for broker in sorted(live):
+            self.channel.send(broker, ApiKey.UPDATE_METADATA, body, parse=cr.read_error_code)
 
     # -- brokers ------------------------------------------------------------------------------
 
@@ -335,3 +361,4 @@ class KafkaController:
             changed.update(await self.run_blocking(self.zk.consume_isr_change_notification, name))
         await self.leadership.reload(sorted(changed))
         await self.operations.after_isr_change(changed)
+        self.send_update_metadata()

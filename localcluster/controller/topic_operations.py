@@ -117,6 +117,7 @@ class TopicOperations:
             self.ctx.move_partition(tp, PartitionState.NON_EXISTENT)
         await self.run(self.zk.delete_topic_znodes, topic)
         ctx.remove_topic(topic)
+        self.c.send_update_metadata()
         self.c.event(f"topic {topic} deleted")
 
     # -- reassignment -------------------------------------------------------------------------

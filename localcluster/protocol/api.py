@@ -53,6 +53,7 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     # The ZK-era controller APIs, version 0 of our own layouts (controller_requests.py).
     ApiKey.LEADER_AND_ISR: VersionRange(0, 0, 1 << 15),
     ApiKey.STOP_REPLICA: VersionRange(0, 0, 1 << 15),
+    ApiKey.UPDATE_METADATA: VersionRange(0, 0, 1 << 15),
     ApiKey.CONTROLLED_SHUTDOWN: VersionRange(0, 0, 1 << 15),
 }
 

@@ -11,6 +11,13 @@ LeaderAndIsr (4):  controller_id int32, controller_epoch int32, is_init int8,
 StopReplica (5):   controller_id int32, controller_epoch int32, delete_partitions int8,
                    [topic string, partition int32]
     response:      error_code int16, [topic string, partition int32, error_code int16]
+UpdateMetadata (6): controller_id int32, controller_epoch int32,
+                   [topic string, partition int32, controller_epoch int32, leader int32,
+                    leader_epoch int32, isr [int32], zk_version int32, replicas [int32],
+                    offline_replicas [int32]],
+                   [broker_id int32, host string, port int32, rack nullable_string,
+                    unix_socket string]
+    response:      error_code int16
 ControlledShutdown (7): broker_id int32
     response:      error_code int16, [topic string, partition int32] (partitions still led)
 """
@@ -41,6 +48,26 @@ class LeaderAndIsrRequest:
     controller_epoch: int
     partitions: tuple[PartitionState, ...]
     is_init: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataBroker:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+    unix_socket: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMetadataRequest:
+    """The controller's full picture of live brokers and partition leadership."""
+
+    controller_id: int
+    controller_epoch: int
+    partitions: tuple[PartitionState, ...]  # is_new unused; offline replicas travel apart
+    offline_replicas: tuple[tuple[int, ...], ...]  # parallel to partitions
+    brokers: tuple[MetadataBroker, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +147,45 @@ def read_partition_errors(r: Reader) -> PartitionErrors:
     error_code = r.int16()
     partitions = tuple((r.string(), r.int32(), r.int16()) for _ in range(r.array_length()))
     return PartitionErrors(error_code, partitions)
+
+
+def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
+    w = Writer().int32(request.controller_id).int32(request.controller_epoch)
+    w.int32(len(request.partitions))
+    for p, offline in zip(request.partitions, request.offline_replicas, strict=True):
+        w.string(p.topic).int32(p.partition).int32(p.controller_epoch).int32(p.leader)
+        w.int32(p.leader_epoch)
+        _write_int32s(w, p.isr)
+        w.int32(p.zk_version)
+        _write_int32s(w, p.replicas)
+        _write_int32s(w, offline)
+    w.int32(len(request.brokers))
+    for b in request.brokers:
+        w.int32(b.broker_id).string(b.host).int32(b.port).nullable_string(b.rack).string(b.unix_socket)
+    return w.getvalue()
+
+
+def read_update_metadata(r: Reader) -> UpdateMetadataRequest:
+    controller_id, controller_epoch = r.int32(), r.int32()
+    partitions, offline = [], []
+    for _ in range(r.array_length()):
+        topic, partition, cepoch, leader, epoch = r.string(), r.int32(), r.int32(), r.int32(), r.int32()
+        isr = _int32s(r)
+        zk_version = r.int32()
+        replicas = _int32s(r)
+        offline.append(_int32s(r))
+        partitions.append(PartitionState(topic, partition, cepoch, leader, epoch, isr, zk_version, replicas))
+    brokers = tuple(MetadataBroker(r.int32(), r.string(), r.int32(), r.nullable_string(), r.string())
+                    for _ in range(r.array_length()))  # fmt: skip
+    return UpdateMetadataRequest(controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers)
+
+
+def write_error_code(error_code: int) -> bytes:
+    return Writer().int16(error_code).getvalue()
+
+
+def read_error_code(r: Reader) -> int:
+    return r.int16()
 
 
 def write_controlled_shutdown(broker_id: int) -> bytes:

@@ -277,3 +277,44 @@ def test_deleting_a_topic_removes_its_logs_and_znodes(cluster):
         consumer.close()
     assert (low, high) == (0, 0)
 
+
+
+def test_every_broker_serves_metadata_the_controller_sent(cluster):
+    """Brokers answer Metadata from the cache UpdateMetadata fills; a stale controller epoch
+    is refused and changes nothing."""
+    import asyncio
+
+    from localcluster.client.connection import Address, BrokerConnection
+    from localcluster.protocol import controller_requests as cr
+    from localcluster.protocol.api import ApiKey
+    from localcluster.protocol.wire import Reader
+
+    c = cluster.start(3)
+    c.create_topic("md", 1, 3)
+    victim = c.state("md").leader
+    c.brokers[victim].kill()
+    wait_until(lambda: c.state("md").leader not in (victim, -1))
+    new_leader = c.state("md").leader
+
+    def leader_seen_by(broker):
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        topic = admin.list_topics("md", timeout=10).topics["md"]
+        return topic.partitions[0].leader
+
+    for broker_id, broker in c.brokers.items():
+        if broker_id != victim:
+            wait_until(lambda b=broker: leader_seen_by(b) == new_leader, timeout_s=10)
+
+    async def stale_update(broker):
+        connection = await BrokerConnection.open(Address(unix_socket=str(broker.socket_path)))
+        try:
+            request = cr.UpdateMetadataRequest(99, 0, (), (), ())
+            frame, offset = await connection.send(ApiKey.UPDATE_METADATA,
+                                                  lambda v: cr.write_update_metadata(request), version=0)  # fmt: skip
+            return cr.read_error_code(Reader(frame, offset))
+        finally:
+            connection.close()
+
+    survivor = next(b for i, b in c.brokers.items() if i != victim)
+    assert asyncio.run(stale_update(survivor)) == 11  # STALE_CONTROLLER_EPOCH
+    assert leader_seen_by(survivor) == new_leader  # the empty stale picture was not applied
