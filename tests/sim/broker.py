@@ -198,6 +198,8 @@ class SimBroker:
     def _on_request_timeout(self, kind, subject, followed) -> None:
         if kind == "isr":
             # The runtime treats a store call that raised like a lost write (it may have landed).
+            self.trace(f"b{self.broker_id} isr write {list(subject.isr)} for {subject.topic}-"
+                       f"{subject.partition} unanswered: taken as failed")  # fmt: skip
             self._apply_isr_result(subject, False, subject.zk_version)
             return
         if followed is not None and followed.inflight is not None:

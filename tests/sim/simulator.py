@@ -126,7 +126,7 @@ class Simulator:
     def __init__(self, seed: int | None = 0, protocol: str = "leader-epoch", broker_ids=(1, 2, 3),
                  partitions: int = 2, replication_factor: int = 3, config: SimConfig | None = None,
                  directory: Path | None = None, deterministic_network: bool = False,
-                 echo: bool = False):  # fmt: skip
+                 echo: bool = False, lossy_zk: bool = False):  # fmt: skip
         self.seed = seed
         self.rng = random.Random(seed)
         self.config = config or SimConfig()
@@ -135,6 +135,8 @@ class Simulator:
         self.clock = ManualClock()
         self.scheduler = Scheduler(self.clock)
         self.network = m.Network(self.rng, self.scheduler)
+        if lossy_zk:  # the store's answers can be lost too (kazoo's ConnectionLoss)
+            self.network.reliable_senders = set()
         if deterministic_network:
             self.network.min_delay_ms = self.network.max_delay_ms = 1
         self.trace_lines: list[str] = []
@@ -426,8 +428,276 @@ class Simulator:
         return "\n".join(parts)
 
 
-def run_seed(seed: int, protocol: str = "leader-epoch", **kwargs) -> SimResult:
-    sim = Simulator(seed, protocol)
+# -- scripted scenarios ---------------------------------------------------------------------------
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+PROTOCOLS = ("leader-epoch", "hw-truncation")
+OUTPUT_MARK = "== output "
+
+
+@dataclass
+class ScenarioRun:
+    name: str
+    protocol: str
+    output: list[str]
+    violations: list[Violation]
+    expected_kinds: set[str]
+
+    @property
+    def kinds(self) -> set[str]:
+        return {v.kind for v in self.violations}
+
+
+def _tp(text: str) -> tuple[str, int]:
+    topic, _, partition = text.rpartition("-")
+    return topic, int(partition)
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+class ScenarioRunner:
+    """Plays a script: the test is the controller (`elect`), the faults are explicit, the
+    network delivers every message after exactly 1 ms. Invariant violations are recorded
+    (once per kind) and the script goes on, so the golden output shows what followed."""
+
+    def __init__(self, protocol: str):
+        self.protocol = protocol
+        self.config = SimConfig(replica_lag_time_max_ms=100_000, zookeeper_session_timeout_ms=100_000)
+        self.sim: Simulator | None = None
+        self.output: list[str] = []
+        self.expected: dict[str, set[str]] = {}
+        self._corr = 0
+
+    def run(self, script: str) -> list[Violation]:
+        for number, raw in enumerate(script.splitlines(), 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            words = line.split()
+            try:
+                getattr(self, "do_" + words[0].replace("-", "_"))(*words[1:])
+            except InvariantViolation:
+                raise AssertionError("unreachable: scenarios collect violations")
+            except Exception as e:
+                raise ValueError(f"scenario line {number}: {raw!r}: {type(e).__name__}: {e}") from e
+        self.do_check_acked()
+        if self.sim is not None:
+            self.sim.close()
+        return self.sim.checker.collect if self.sim else []
+
+    def _trace(self, line: str) -> None:
+        self.output.append(line)
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def do_expect(self, protocol: str, *kinds: str) -> None:
+        self.expected[protocol] = set(kinds)
+
+    def do_config(self, *pairs: str) -> None:
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if not hasattr(self.config, key):
+                raise ValueError(f"unknown setting {key}")
+            setattr(self.config, key, int(value))
+
+    def do_brokers(self, *ids: str) -> None:
+        sim = Simulator(None, self.protocol, tuple(int(b) for b in ids), partitions=0,
+                        config=self.config, deterministic_network=True)  # fmt: skip
+        sim.trace = lambda line, sim=sim: self._trace(f"{sim.clock.now_ms():>6} {line}")
+        sim.checker.collect = []
+        self.sim = sim
+        sim.start_zk()
+        for host in sim.hosts.values():
+            host.start()
+
+    def do_topic(self, tp: str, replicas: str) -> None:
+        self.sim.zk.assignments[_tp(tp)] = _ids(replicas)
+        self.sim.partitions = max(self.sim.partitions, _tp(tp)[1] + 1)
+
+    def do_elect(self, tp: str, *args: str) -> None:
+        """The test as controller: write the state znode, send LeaderAndIsr."""
+        tp_ = _tp(tp)
+        opts = dict(a.split("=", 1) for a in args)
+        zk = self.sim.zk
+        replicas = zk.assignments[tp_]
+        leader, epoch, isr = int(opts["leader"]), int(opts["epoch"]), _ids(opts["isr"])
+        found = zk.states.get(tp_)
+        if found is None or (found[0].leader, found[0].leader_epoch, found[0].isr) != (leader, epoch, isr):
+            version = zk.update_partition_state(tp_, m_state(leader, epoch, isr),
+                                                found[1] if found else -1, zk.controller_epoch)  # fmt: skip
+        else:
+            version = found[1]
+        to = _ids(opts["to"]) if "to" in opts else replicas
+        self._corr += 1
+        state = m.PartitionStateMsg(tp_[0], tp_[1], leader, epoch, isr, version, replicas)
+        self.sim.trace(f"elect {tp}: leader b{leader} epoch {epoch} isr {list(isr)} (v{version}), "
+                       f"sent to {['b%d' % b for b in to]}")  # fmt: skip
+        for b in to:
+            self.sim.network.send("controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (state,)))
+
+    def do_produce(self, tp: str, values: str, *args: str) -> None:
+        opts = dict(a.split("=", 1) for a in args)
+        acks = -1 if opts.get("acks", "all") == "all" else int(opts["acks"])
+        self.sim.client.produce(_tp(tp), tuple(v.encode() for v in values.split(",")), acks, 10_000)
+
+    def do_run(self, ms: str) -> None:
+        self.sim.run_until(self.sim.clock.now_ms() + int(ms))
+
+    def do_crash(self, b: str) -> None:
+        self.sim.trace(f"crash b{b}")
+        self.sim.hosts[int(b)].crash()
+
+    def do_restart(self, b: str) -> None:
+        self.sim.trace(f"restart b{b}")
+        self.sim.hosts[int(b)].start()
+
+    def do_pause(self, b: str) -> None:
+        self.sim.trace(f"pause b{b}")
+        self.sim.hosts[int(b)].pause()
+
+    def do_resume(self, b: str) -> None:
+        self.sim.trace(f"resume b{b}")
+        self.sim.hosts[int(b)].resume()
+
+    def do_lose_unflushed(self, b: str, tp: str, offset: str) -> None:
+        """Power loss on a crashed broker: records from `offset` on were never flushed."""
+        host = self.sim.hosts[int(b)]
+        assert not host.alive, "lose-unflushed needs a crashed broker"
+        directory = host.directory / tp
+        cut_segment_files(directory, int(offset))
+        (host.directory / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+        self.sim.trace(f"b{b} lost the unflushed records of {tp} from offset {offset} (power loss)")
+
+    def do_lose_zk_answers(self, switch: str) -> None:
+        """While on, every answer of the store is lost (after the store applied the request),
+        as a kazoo ConnectionLoss would lose it."""
+        network = self.sim.network
+        network.lost_senders = {"zk"} if switch == "on" else set()
+        self.sim.trace(f"answers of zk are {'lost' if switch == 'on' else 'delivered'} from now on")
+
+    def do_show(self, tp: str) -> None:
+        tp_ = _tp(tp)
+        found = self.sim.zk.states.get(tp_)
+        if found:
+            self._trace(f"  zk {tp}: leader b{found[0].leader} epoch {found[0].leader_epoch} "
+                        f"isr {list(found[0].isr)}")  # fmt: skip
+        for b, host in sorted(self.sim.hosts.items()):
+            broker = host.incarnation
+            if broker is None:
+                self._trace(f"  b{b}: down")
+                continue
+            hosted = broker.partitions.get(tp_)
+            lg = hosted.log if hosted else broker.logs.get(tp_)
+            records = describe(log_view(lg)) if lg is not None else "(no log)"
+            if hosted is None:
+                self._trace(f"  b{b}: not hosted; {records}")
+                continue
+            p = hosted.state
+            role = "leader" if p.is_leader else f"follower of b{p.leader_id}"
+            self._trace(f"  b{b}: {role} epoch {p.leader_epoch} isr {sorted(p.isr)} hw "
+                        f"{p.high_watermark} leo {p.log_end_offset}: {records}")  # fmt: skip
+
+    def do_check_acked(self) -> None:
+        """Every acknowledged record must be in the recorded leader's log (on disk if down)."""
+        sim = self.sim
+        if sim is None:
+            return
+        for tp, acked in sorted(sim.acked.items()):
+            found = sim.zk.states.get(tp)
+            host = sim.hosts.get(found[0].leader) if found else None
+            if host is None or host.incarnation is None:
+                continue
+            lg = host.incarnation.logs.get(tp)
+            view = log_view(lg)
+            for offset, value in sorted(acked.items()):
+                if view.values.get(offset) != value:
+                    sim.checker.fail("acked-lost", f"{tp[0]}-{tp[1]}: acknowledged {value.decode()} "
+                                     f"at {offset} is not in leader b{host.broker_id}'s log")  # fmt: skip
+
+
+def m_state(leader: int, epoch: int, isr):
+    from tests.sim.controller import ZkPartitionState
+
+    return ZkPartitionState(leader, epoch, tuple(isr), 1)
+
+
+def cut_segment_files(directory: Path, offset: int) -> None:
+    """Cut a log's segment files before the first batch at or past `offset`, and drop their
+    indexes (rebuilt on open), as a power loss of unflushed page cache would."""
+    import struct
+
+    for segment in sorted(directory.glob("*.log")):
+        data = segment.read_bytes()
+        position = 0
+        while position + 12 <= len(data):
+            base_offset, length = struct.unpack_from(">qi", data, position)
+            if length <= 0 or base_offset >= offset:
+                break
+            position += 12 + length
+        if position < len(data):
+            with open(segment, "r+b") as f:
+                f.truncate(position)
+        for suffix in (".index", ".timeindex"):
+            segment.with_suffix(suffix).unlink(missing_ok=True)
+        (directory / "clean-shutdown").unlink(missing_ok=True)
+
+
+def parse_scenario(text: str) -> tuple[str, dict[str, str]]:
+    """(script, {protocol: golden output})."""
+    script, golden, current = [], {}, None
+    for line in text.splitlines():
+        if line.startswith(OUTPUT_MARK):
+            current = line[len(OUTPUT_MARK):].strip(" =")
+            golden[current] = []
+        elif current is None:
+            script.append(line)
+        else:
+            golden[current].append(line)
+    return "\n".join(script).rstrip() + "\n", {k: "\n".join(v).strip("\n") for k, v in golden.items()}
+
+
+def run_scenario(path: Path, protocol: str) -> ScenarioRun:
+    script, _ = parse_scenario(path.read_text())
+    runner = ScenarioRunner(protocol)
+    violations = runner.run(script)
+    return ScenarioRun(path.stem, protocol, runner.output, violations,
+                       runner.expected.get(protocol, set()))  # fmt: skip
+
+
+def render_scenario(path: Path) -> tuple[str, dict[str, ScenarioRun]]:
+    """The file as it should read: the script, then each protocol's output."""
+    script, _ = parse_scenario(path.read_text())
+    runs = {protocol: run_scenario(path, protocol) for protocol in PROTOCOLS}
+    parts = [script.rstrip("\n")]
+    for protocol, run in runs.items():
+        parts.append(f"\n{OUTPUT_MARK}{protocol} ==")
+        parts.extend(run.output)
+    return "\n".join(parts) + "\n", runs
+
+
+def check_all(update: bool = False) -> int:
+    failed = 0
+    for path in sorted(SCENARIOS.glob("*.txt")):
+        text, runs = render_scenario(path)
+        for run in runs.values():
+            status = "ok" if run.kinds == run.expected_kinds else "UNEXPECTED"
+            failed += status != "ok"
+            print(f"{path.name} [{run.protocol}]: violations {sorted(run.kinds) or 'none'}, "
+                  f"expected {sorted(run.expected_kinds) or 'none'}: {status}")  # fmt: skip
+        if text != path.read_text():
+            if update:
+                path.write_text(text)
+                print(f"{path.name}: golden output rewritten")
+            else:
+                failed += 1
+                print(f"{path.name}: output differs from the golden output (--update-golden)")
+    return 1 if failed else 0
+
+
+def run_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False, **kwargs) -> SimResult:
+    sim = Simulator(seed, protocol, lossy_zk=lossy_zk)
     try:
         return sim.run(**kwargs)
     finally:
@@ -439,12 +709,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0:100", help="N, or A:B for the range [A, B)")
     parser.add_argument("--protocol", default="leader-epoch", choices=["leader-epoch", "hw-truncation"])
     parser.add_argument("--trace", action="store_true", help="print the whole trace of each seed")
+    parser.add_argument("--lossy-zk", action="store_true", help="the store's answers can be lost")
     parser.add_argument("--update-golden", action="store_true", help="rewrite the scenario files")
     parser.add_argument("--scenarios", action="store_true", help="run the scenario files")
     args = parser.parse_args(argv)
     if args.update_golden or args.scenarios:
-        from tests.sim.scenario import check_all
-
         return check_all(update=args.update_golden)
     if ":" in args.seeds:
         a, b = (int(x) for x in args.seeds.split(":"))
@@ -454,7 +723,7 @@ def main(argv=None) -> int:
     failed = 0
     started = time.perf_counter()
     for seed in seeds:
-        result = run_seed(seed, args.protocol)
+        result = run_seed(seed, args.protocol, lossy_zk=args.lossy_zk)
         if not result.ok or args.trace:
             print(result.report(tail=10**9 if args.trace else TRACE_TAIL))
         failed += not result.ok
