@@ -3,6 +3,7 @@
 #   make test   install what the tests need and run the whole suite
 #   make bench  run the benchmarks (results under bench/results/)
 #   make lint   ruff over the package, tests and benchmarks
+#   make sim    a long sweep of the deterministic simulator (SEEDS=N, PROTOCOL=..., START=...)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench lint clean venv system-deps
+.PHONY: demo test bench lint clean venv system-deps sim
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "localcluster needs Python 3.11 or newer; set PYTHON=python3.11")'
@@ -63,6 +64,14 @@ system-deps:
 	echo "system-deps: installing Debian packages:$$missing (real servers and clients for the tests)"; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
+
+# tests/sim: one seed -> one run of brokers, controller and ZooKeeper over the real cores;
+# a failing seed prints its trace and the command that replays it.
+SEEDS ?= 2000
+START ?= 0
+PROTOCOL ?= leader-epoch
+sim: $(VENV)/.installed-test
+	$(BIN)/python -m tests.sim.simulator --seeds $(START):$$(( $(START) + $(SEEDS) )) --protocol $(PROTOCOL)
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.storage
