@@ -44,7 +44,7 @@ class Cli:
     def teardown(self) -> None:
         """down --purge; then SIGKILL anything still running from the pid files."""
         try:
-            self.run("down", "--purge", "--timeout", "10", timeout_s=60)
+            self.run("down", "--purge", "--timeout", "5", timeout_s=60)
         except subprocess.TimeoutExpired:
             pass
         for pid in self.live_pids().values():
