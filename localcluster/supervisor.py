@@ -108,6 +108,10 @@ class StoreEvents:
             new, gone = names - self._topics, self._topics - names
             self._topics = names
         for topic in sorted(gone):
+            with self._lock:  # a topic created again under this name is watched afresh
+                self._partitions.pop(topic, None)
+                for key in [k for k in self._states if k[0] == topic]:
+                    del self._states[key]
             self._emit(f"topic {topic} deleted")
         for topic in sorted(new):
             self._watches.append(DataWatch(self.client, paths.topic_path(topic),
