@@ -11,7 +11,9 @@ checks that no acknowledged record was lost.
 The schedule (`make_schedule`) depends only on the seed and the options, so a seed reproduces
 it; which broker a target names is resolved when the fault fires (the leader of partition 1 is
 whoever leads it then) and printed as it happens. A fault is skipped, and says why, when its
-target is already down or when `max_down` brokers are down.
+target is already down or when `max_down` brokers are down; a restarted broker counts as down
+until it has registered again. Chained kills (the next leader) may take the count to
+brokers - 1: they are the deliberate double failure.
 
 Rules: every process started here is ended by pid or process group, never by name; the temp
 cluster dir is removed (`down --purge`). Waits have deadlines. The schedule's clock is a
@@ -60,6 +62,7 @@ class Fault:
     pick: float  # [0, 1): which of several candidates (follower, any)
     down_ms: int  # until the restart (kill) or SIGCONT (stop)
     chain_ms: int = -1  # >= 0: then SIGKILL the partition's next leader this long after its election
+    chained: bool = False  # this is such a follow-up kill
 
     def describe(self) -> str:
         what = {"leader": f"leader of p{self.partition}", "follower": f"a follower of p{self.partition}",
@@ -184,7 +187,8 @@ class Engine:
     max_down: int
     say: object  # callable(str)
     started: float = field(default_factory=time.monotonic)
-    down: dict = field(default_factory=dict)  # broker id -> "killed" | "stopped"
+    down: dict = field(default_factory=dict)  # broker id -> "killed" | "stopped" | "starting"
+    starting: dict = field(default_factory=dict)  # broker id -> the Popen of its restart
     supervisor_down: str | None = None
     children: list = field(default_factory=list)  # Popen of brokers and supervisors we started
     events: list = field(default_factory=list)
@@ -263,8 +267,9 @@ class Engine:
             return self._skip(fault, why)
         if broker in self.down:
             return self._skip(fault, f"broker {broker} is already down")
-        if len(self.down) >= self.max_down:
-            return self._skip(fault, f"{len(self.down)} brokers are down (max {self.max_down})")
+        limit = len(self.spec.brokers) - 1 if fault.chained else self.max_down
+        if len(self.down) >= limit:
+            return self._skip(fault, f"{len(self.down)} brokers are down (max {limit})")
         pid = cluster.broker_pid(self.cluster_dir, broker)
         if pid is None:
             return self._skip(fault, f"broker {broker} is not running")
@@ -315,7 +320,7 @@ class Engine:
                 self.record("SIGCONT", supervisor=pid)
                 self.cycles += 1
                 return True
-            if self.down:
+            if self.down:  # incl. brokers still starting
                 self.supervisor_down = "restarting"  # no broker faults until it runs
                 return False
             self.restart_supervisor()
@@ -326,13 +331,36 @@ class Engine:
             self.record("SIGCONT", broker=broker, pid=pid)
         elif state == "killed":
             if cluster.broker_pid(self.cluster_dir, broker) is None:
-                process = cluster.spawn_broker(self.cluster_dir, self.spec, broker)
-                self.children.append(process)
-                self.record("restart", broker=broker, pid=process.pid)
+                self.spawn(broker)
             else:
                 self.record("restart", broker=broker, why="'already running'")
         self.cycles += 1
         return True
+
+    def spawn(self, broker: int, why: str = "") -> None:
+        process = cluster.spawn_broker(self.cluster_dir, self.spec, broker)
+        self.children.append(process)
+        self.down[broker] = "starting"
+        self.starting[broker] = process
+        self.record("restart", broker=broker, pid=process.pid, **({"why": repr(why)} if why else {}))
+
+    def update_starting(self) -> None:
+        """Restarted brokers count as down until registered; one that exits is started again."""
+        if not self.starting:
+            return
+        try:
+            regs = self.zk().live_brokers()
+        except Exception:  # noqa: BLE001 (a torn read: the next tick)
+            return
+        for broker, process in list(self.starting.items()):
+            if broker in regs and regs[broker].pid == process.pid:
+                del self.starting[broker]
+                self.down.pop(broker, None)
+                self.record("registered", broker=broker, pid=process.pid)
+            elif process.poll() is not None:
+                del self.starting[broker]
+                self.record("exited", broker=broker, pid=process.pid, code=process.returncode)
+                self.spawn(broker, "it exited while starting")
 
     def restart_supervisor(self) -> None:
         log_path = self.cluster_dir / cluster.SUPERVISOR_LOG
@@ -359,7 +387,8 @@ class Engine:
             state = self.state(partition)
             if state is not None and state.leader >= 0 and state.leader != old_leader:
                 self.chains.remove(chain)
-                out.append(Fault(now + fault.chain_ms, "kill", "leader", partition, 0.0, fault.down_ms))
+                out.append(Fault(now + fault.chain_ms, "kill", "leader", partition, 0.0, fault.down_ms,
+                                 chained=True))  # fmt: skip
                 self.record("chain", partition=partition, new_leader=state.leader,
                             epoch=state.leader_epoch, kill_in_ms=fault.chain_ms)  # fmt: skip
             elif now > give_up_ms:
@@ -399,6 +428,7 @@ class Engine:
         next_monitor = 0.0
         end_ms = duration_s * 1000
         while queue and self.now_ms() < end_ms + 60_000:
+            self.update_starting()
             if time.monotonic() >= next_monitor:
                 self.monitor()
                 self.reap()
@@ -431,7 +461,14 @@ class Engine:
         for broker in list(self.down):
             state = self.down[broker]
             pid = cluster.read_pid(cluster.pid_file(self.cluster_dir, broker)) or 0
-            self.recover("broker", broker, pid) if state == "killed" else self._cont(broker)
+            if state == "killed":
+                self.recover("broker", broker, pid)
+            elif state == "stopped":
+                self._cont(broker)
+        deadline = time.monotonic() + RECOVER_TIMEOUT_S
+        while self.starting and time.monotonic() < deadline:
+            self.update_starting()
+            time.sleep(0.02)
         if self.supervisor_down == "stopped":
             pid = cluster.read_pid(self.cluster_dir / cluster.SUPERVISOR_PID)
             if pid:
@@ -464,12 +501,10 @@ class Engine:
             if time.monotonic() > deadline:
                 raise cluster.ClusterError(f"brokers did not all come back within {timeout_s:.0f} s "
                                            f"(running: {sorted(live)}, registered: {sorted(regs)})")  # fmt: skip
-            missing = [b for b in self.spec.brokers if b not in live and b not in self.down]
-            for broker in missing:  # died on their own (or a restart failed): start again
-                if not any(p.args[4] == str(broker) and p.poll() is None for p in self.children
-                           if "localcluster.broker" in p.args):  # fmt: skip
-                    self.children.append(cluster.spawn_broker(self.cluster_dir, self.spec, broker))
-                    self.record("restart", broker=broker, why="'found dead at the end'")
+            self.update_starting()
+            for broker in self.spec.brokers:  # died on their own (or a restart failed): start again
+                if broker not in live and broker not in self.starting:
+                    self.spawn(broker, "found dead at the end")
             self.reap()
             time.sleep(0.05)
 

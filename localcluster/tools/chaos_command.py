@@ -64,7 +64,7 @@ def _settings(ctx, param, values):
 @click.option("--rate", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
               help="Records per second the producer offers.")  # fmt: skip
 @click.option("--max-down", default=None, type=click.IntRange(1, 16),
-              help="At most this many brokers down at once (default: brokers - 1).")  # fmt: skip
+              help="At most this many brokers down (or restarting) at once (default: brokers - 1).")  # fmt: skip
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", callback=_settings,
               help="A broker property for the cluster chaos starts, e.g. unclean.leader.election.enable=true "
                    "or replication.protocol=hw-truncation (repeatable).")  # fmt: skip
