@@ -220,13 +220,13 @@ class Supervisor:
         self.cluster_dir.mkdir(parents=True, exist_ok=True)
         (self.cluster_dir / cluster.SUPERVISOR_PID).write_text(f"{os.getpid()}\n")
         cluster.remove_pid_files(self.cluster_dir, self.spec)
+        MetricsBoard.create(self.cluster_dir)  # before the brokers, which only open it
         for broker_id in self.spec.brokers:
             if cluster.broker_pid(self.cluster_dir, broker_id) is not None:
                 continue  # already running (started by hand): leave it be
             process = cluster.spawn_broker(self.cluster_dir, self.spec, broker_id)
             self.children[process.pid] = broker_id
             process.returncode = 0  # we reap by waitpid; keep Popen.__del__ from tracking it
-        MetricsBoard.create(self.cluster_dir)  # after the spawns: numpy's import delays no broker
 
     def wait_ready(self, timeout_s: float = cluster.READY_TIMEOUT_S,
                    controller_grace_s: float = CONTROLLER_GRACE_S) -> int | None:  # fmt: skip

@@ -1,6 +1,6 @@
 """The metrics board: one POSIX shared-memory segment per cluster, one fixed row per broker.
 
-Brokers write their own row (counters, a produce latency histogram, the log end offset and
+The supervisor creates the segment at `up` and removes it at `down`; brokers write their own row (counters, a produce latency histogram, the log end offset and
 high watermark of up to REPLICA_SLOTS replicas they host); `localcluster status --watch` reads
 every row without sending a request to anyone. The segment is `/localcluster-<hash>-metrics`
 (the hash of the cluster dir, as the /dev/shm data dir), a header then MAX_BROKERS rows of a
@@ -138,14 +138,21 @@ class MetricsBoard:
 
     @staticmethod
     def open_writer(cluster_dir: os.PathLike | str, broker_id: int) -> BrokerMetricsWriter:
-        """The writer of broker_id's row (segment created if missing). Never raises: when the
-        board cannot be used the writer is a no-op and one warning is logged."""
+        """The writer of broker_id's row. Never raises: when there is no board (a broker not
+        started by `localcluster up`) or it cannot be used, the writer is a no-op.
+
+        Only `create` makes the segment, so whoever created it (the supervisor, removed by
+        `down`) also removes it: brokers started on their own leave nothing in /dev/shm."""
         if not 0 <= broker_id < MAX_BROKERS:
             log.warning("metrics board: broker id %d is beyond its %d rows; not recording",
                         broker_id, MAX_BROKERS)  # fmt: skip
             return NullMetricsWriter()
         try:
-            segment = _Segment(segment_name(cluster_dir), create=True)
+            segment = _Segment(segment_name(cluster_dir), create=False)
+        except posix_ipc.ExistentialError:
+            log.info("no metrics board for %s (not started by `localcluster up`); not recording",
+                     cluster_dir)  # fmt: skip
+            return NullMetricsWriter()
         except (OSError, ValueError, posix_ipc.Error) as e:
             log.warning("metrics board unavailable (%s); not recording", e)
             return NullMetricsWriter()

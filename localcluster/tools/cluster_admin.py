@@ -359,6 +359,9 @@ def start_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int, timeout_s
     if pid is not None:
         raise ClusterError(f"broker {broker_id} is already running (pid {pid}); "
                            f"`localcluster kill {broker_id}` first to restart it")  # fmt: skip
+    from localcluster.metrics import MetricsBoard
+
+    MetricsBoard.create(cluster_dir)  # gone if `down` ran; `down` removes it again
     process = cluster.spawn_broker(cluster_dir, spec, broker_id)
 
     def failed() -> str | None:

@@ -16,6 +16,7 @@ from localcluster.metrics import board as b
 def cluster_dir(tmp_path):
     directory = tmp_path / "cluster"
     directory.mkdir()
+    MetricsBoard.create(directory)
     try:
         yield directory
     finally:
@@ -28,9 +29,13 @@ def test_hash_matches_the_brokers_data_dir_hash(tmp_path):
     assert b.cluster_hash(tmp_path) == cluster_hash(tmp_path)
 
 
-def test_no_board_means_no_reader(cluster_dir):
-    assert MetricsBoard.open_reader(cluster_dir) is None
-    assert not MetricsBoard.exists(cluster_dir)
+def test_no_board_means_no_reader_and_a_no_op_writer(tmp_path):
+    assert MetricsBoard.open_reader(tmp_path) is None
+    assert not MetricsBoard.exists(tmp_path)
+    writer = MetricsBoard.open_writer(tmp_path, 0)  # a broker not started by `up`
+    assert isinstance(writer, NullMetricsWriter)
+    writer.record_produce(1, 1, 1)
+    assert not MetricsBoard.exists(tmp_path)  # it created nothing to leak
 
 
 def test_writer_counts_and_reader_sees_them(cluster_dir):
@@ -125,7 +130,6 @@ def _hammer(directory, count):
 
 def test_concurrent_reader_sees_consistent_rows(cluster_dir):
     """messages_in * 3 == bytes_in in every untorn snapshot while another process writes."""
-    MetricsBoard.create(cluster_dir)
     reader = MetricsBoard.open_reader(cluster_dir)
     process = multiprocessing.get_context("fork").Process(
         target=_hammer, args=(cluster_dir, 100_000)
