@@ -572,7 +572,7 @@ def remove_pid_files(cluster_dir: Path, spec: ClusterSpec) -> None:
 def purge(cluster_dir: Path, spec: ClusterSpec | None) -> list[str]:
     """Remove the cluster dir, the brokers' data dirs, the socket dir and the metrics board."""
     from localcluster.broker.server import cluster_hash
-    from localcluster.metrics import MetricsBoard
+    from localcluster.metrics.segment import unlink_segment
 
     removed = []
     digest = cluster_hash(cluster_dir)
@@ -585,6 +585,6 @@ def purge(cluster_dir: Path, spec: ClusterSpec | None) -> list[str]:
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
-    if MetricsBoard.unlink(cluster_dir):
+    if unlink_segment(cluster_dir):
         removed.append("metrics board")
     return removed

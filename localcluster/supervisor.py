@@ -215,12 +215,12 @@ class Supervisor:
     # -- start --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        from localcluster.metrics import MetricsBoard
+        from localcluster.metrics.segment import create_segment
 
         self.cluster_dir.mkdir(parents=True, exist_ok=True)
         (self.cluster_dir / cluster.SUPERVISOR_PID).write_text(f"{os.getpid()}\n")
         cluster.remove_pid_files(self.cluster_dir, self.spec)
-        MetricsBoard.create(self.cluster_dir)  # before the brokers, which only open it
+        create_segment(self.cluster_dir)  # before the brokers, which only open it
         for broker_id in self.spec.brokers:
             if cluster.broker_pid(self.cluster_dir, broker_id) is not None:
                 continue  # already running (started by hand): leave it be
@@ -328,7 +328,7 @@ class Supervisor:
 
     def shutdown(self, timeout_s: float = cluster.STOP_TIMEOUT_S) -> dict:
         """Stop every broker of the cluster (ours and those started by hand), clean up."""
-        from localcluster.metrics import MetricsBoard
+        from localcluster.metrics.segment import unlink_segment
 
         if self._store_events is not None:
             with contextlib.suppress(Exception):
@@ -339,7 +339,7 @@ class Supervisor:
                                       cluster.current_controller(self.spec))  # fmt: skip
         self._reap()
         cluster.remove_pid_files(self.cluster_dir, self.spec)
-        MetricsBoard.unlink(self.cluster_dir)
+        unlink_segment(self.cluster_dir)
         pid_path = self.cluster_dir / cluster.SUPERVISOR_PID
         if cluster.read_pid(pid_path) == os.getpid():
             pid_path.unlink(missing_ok=True)

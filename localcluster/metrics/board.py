@@ -19,16 +19,17 @@ Rules:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import mmap
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import posix_ipc
+
+from localcluster.metrics import segment
+from localcluster.metrics.segment import cluster_hash, segment_name  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,7 @@ ROW = np.dtype([("seq", "<u8"), ("broker_id", "<i4"), ("pid", "<i4"), ("started_
 HEADER_BYTES = 64
 assert HEADER.itemsize <= HEADER_BYTES
 SIZE = HEADER_BYTES + MAX_BROKERS * ROW.itemsize
-
-
-def cluster_hash(cluster_dir: os.PathLike | str) -> str:
-    """The same hash as broker.server.cluster_hash (a unit test holds them together); kept
-    here so readers need not import the broker."""
-    return hashlib.sha1(str(Path(cluster_dir).resolve()).encode()).hexdigest()[:12]
-
-
-def segment_name(cluster_dir: os.PathLike | str) -> str:
-    return f"/localcluster-{cluster_hash(cluster_dir)}-metrics"
+assert SIZE == segment.SIZE, f"update segment.SIZE to {SIZE}"
 
 
 def _now_ms() -> int:
@@ -98,7 +90,9 @@ class _Segment:
         self.name = name
         self.header = np.ndarray((), HEADER, buffer=self.map, offset=0)
         self.rows = np.ndarray((MAX_BROKERS,), ROW, buffer=self.map, offset=HEADER_BYTES)
-        if create and int(self.header["magic"]) != MAGIC:
+        if int(self.header["magic"]) == 0:
+            # Created zero-filled (segment.create_segment): whoever opens it first writes the
+            # header; concurrent openers write the same values, the magic number last.
             self.header["version"] = VERSION
             self.header["max_brokers"] = MAX_BROKERS
             self.header["row_bytes"] = ROW.itemsize
@@ -121,20 +115,16 @@ class MetricsBoard:
 
     @staticmethod
     def create(cluster_dir: os.PathLike | str) -> None:
-        """Create the segment (idempotent); the supervisor calls it at `up`."""
-        _Segment(segment_name(cluster_dir), create=True).close()
+        """Create the segment (idempotent); `up` calls it (through segment.create_segment)."""
+        segment.create_segment(cluster_dir)
 
     @staticmethod
     def unlink(cluster_dir: os.PathLike | str) -> bool:
-        try:
-            posix_ipc.unlink_shared_memory(segment_name(cluster_dir))
-            return True
-        except posix_ipc.ExistentialError:
-            return False
+        return segment.unlink_segment(cluster_dir)
 
     @staticmethod
     def exists(cluster_dir: os.PathLike | str) -> bool:
-        return Path("/dev/shm", segment_name(cluster_dir).lstrip("/")).exists()
+        return segment.segment_exists(cluster_dir)
 
     @staticmethod
     def open_writer(cluster_dir: os.PathLike | str, broker_id: int) -> BrokerMetricsWriter:

@@ -359,9 +359,9 @@ def start_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int, timeout_s
     if pid is not None:
         raise ClusterError(f"broker {broker_id} is already running (pid {pid}); "
                            f"`localcluster kill {broker_id}` first to restart it")  # fmt: skip
-    from localcluster.metrics import MetricsBoard
+    from localcluster.metrics.segment import create_segment
 
-    MetricsBoard.create(cluster_dir)  # gone if `down` ran; `down` removes it again
+    create_segment(cluster_dir)  # gone if `down` ran; `down` removes it again
     process = cluster.spawn_broker(cluster_dir, spec, broker_id)
 
     def failed() -> str | None:
@@ -386,7 +386,7 @@ def start_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int, timeout_s
 
 def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict:
     """`down`: SIGTERM the supervisor and every broker, wait, SIGKILL who is left."""
-    from localcluster.metrics import MetricsBoard
+    from localcluster.metrics.segment import unlink_segment
 
     supervisor = cluster.supervisor_pid(cluster_dir)
     if supervisor is not None:
@@ -403,7 +403,7 @@ def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict
         and cluster.supervisor_pid(cluster_dir) is None
     ):
         (cluster_dir / cluster.SUPERVISOR_PID).unlink(missing_ok=True)
-    MetricsBoard.unlink(cluster_dir)
+    unlink_segment(cluster_dir)
     result.update(supervisor=supervisor, stale_pid_files=stale)
     return result
 
