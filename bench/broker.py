@@ -44,8 +44,6 @@ from pathlib import Path
 
 from bench.common import (
     MB,
-    best,
-    mb_per_s,
     median,
     print_note,
     print_table,
@@ -197,8 +195,11 @@ def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         meta = admin.list_topics(topic, timeout=5).topics.get(topic)
-        if meta and meta.error is None and len(meta.partitions) == partitions and all(
-            p.leader >= 0 for p in meta.partitions.values()
+        if (
+            meta
+            and meta.error is None
+            and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
         ):
             return
         time.sleep(0.05)
@@ -215,8 +216,17 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (everything but idle and iowait), /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
+
+
 class CpuMeter:
-    """CPU seconds used by a set of pids between `start()` and `stop()` (from /proc)."""
+    """CPU seconds used by a set of pids between `start()` and `stop()` (from /proc), and by
+    the whole machine (`machine_cores`): the difference is other people's work, which on a
+    shared 2-core box is what most often skews a figure."""
 
     def __init__(self, pids: dict[str, int]):
         self.pids = dict(pids)
@@ -225,10 +235,12 @@ class CpuMeter:
 
     def start(self) -> None:
         self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._machine0 = machine_busy_seconds()
         self._t0 = time.perf_counter()
 
     def stop(self) -> dict[str, float | None]:
         self.wall_s = time.perf_counter() - self._t0
+        self.machine_cores = (machine_busy_seconds() - self._machine0) / self.wall_s
         for name, pid in self.pids.items():
             now, then = cpu_seconds(pid), self.before.get(name)
             self.used[name] = None if now is None or then is None else now - then
@@ -304,7 +316,11 @@ def storage_append_limit(batch: bytes, records_per_batch: int, total_records: in
             log.delete()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return {"seconds": seconds, "records": batches * records_per_batch, "bytes": batches * len(batch)}
+    return {
+        "seconds": seconds,
+        "records": batches * records_per_batch,
+        "bytes": batches * len(batch),
+    }
 
 
 def storage_read_limit(batch: bytes, records_per_batch: int, total_records: int) -> dict:
@@ -320,7 +336,9 @@ def storage_read_limit(batch: bytes, records_per_batch: int, total_records: int)
         try:
             for _ in range(work.batches):
                 log.append(batch, leader_epoch=0)
-            seconds = reader.time_send(work.total_bytes, lambda out: send_log(log, work, 1 << 20, out))
+            seconds = reader.time_send(
+                work.total_bytes, lambda out: send_log(log, work, 1 << 20, out)
+            )
         finally:
             log.delete()
     finally:
@@ -369,8 +387,12 @@ def our_produce_worker(bootstrap: str, topic: str, partition: int, records: int,
             pending = [await producer.send_batch(topic, partition, batch) for _ in range(batches)]
             await asyncio.gather(*pending)
             seconds = time.perf_counter() - start
-        return {"seconds": seconds, "records": batches * batch_records, "warmup_records": batch_records,
-                "cpu_s": _cpu() - cpu0}
+        return {
+            "seconds": seconds,
+            "records": batches * batch_records,
+            "warmup_records": batch_records,
+            "cpu_s": _cpu() - cpu0,
+        }
 
     _use_uvloop()
     results.put(asyncio.run(run()))
@@ -429,8 +451,13 @@ def our_fetch_worker(bootstrap: str, topic: str, partition: int, end_offset: int
                     last = record.offset
             seconds = time.perf_counter() - start if start else float("nan")
             cpu_s = _cpu() - cpu0 if start else float("nan")
-        return {"seconds": seconds, "records": count, "value_bytes": nbytes, "last_offset": last,
-                "cpu_s": cpu_s}
+        return {
+            "seconds": seconds,
+            "records": count,
+            "value_bytes": nbytes,
+            "last_offset": last,
+            "cpu_s": cpu_s,
+        }
 
     _use_uvloop()
     results.put(asyncio.run(run()))
@@ -460,7 +487,9 @@ def run_worker(target, *args, timeout_s: float = 300.0) -> dict:
     try:
         return results.get(timeout=timeout_s)
     except Exception as e:
-        raise RuntimeError(f"{target.__name__} produced no result (exit code {worker.exitcode})") from e
+        raise RuntimeError(
+            f"{target.__name__} produced no result (exit code {worker.exitcode})"
+        ) from e
     finally:
         worker.join(10)
         kill_workers([worker])
@@ -476,7 +505,9 @@ def end_offset(bootstrap: str, topic: str, partition: int) -> int:
         consumer.close()
 
 
-def rate_row(name: str, samples: list[dict], limit_seconds_per_record: float | None, where: str) -> dict:
+def rate_row(
+    name: str, samples: list[dict], limit_seconds_per_record: float | None, where: str
+) -> dict:
     """One table/JSON row from worker results: best run's records/s and MB/s (value bytes)."""
     rates = [s["records"] / s["seconds"] for s in samples]
     top = max(rates)
@@ -491,7 +522,9 @@ def rate_row(name: str, samples: list[dict], limit_seconds_per_record: float | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.broker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.broker", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="a few seconds, rougher figures")
     parser.add_argument("--json", action="store_true", help="also print the JSON to stdout")
     parser.add_argument("--records", type=int, help="records per produce run")
@@ -515,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         create_topic(broker.bootstrap, TOPIC, 1, 1)
         boot = broker.bootstrap
         limits, ck_runs, our_runs, cpu = [], [], [], {"confluent-kafka": [], "our client": []}
-        for run in range(repeats):
+        for _run in range(repeats):
             limits.append(storage_append_limit(batch, BATCH_RECORDS, records))
             for name, target, extra, runs in (
                 ("confluent-kafka", ck_produce_worker, ("1", CK_PRODUCER), ck_runs),
@@ -529,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         produced = end_offset(boot, TOPIC, 0)
         expected = sum(r["records"] + r.get("warmup_records", 0) for r in ck_runs + our_runs)
         read_limits, ck_fetch, our_fetch = [], [], []
-        for run in range(repeats):
+        for _run in range(repeats):
             read_limits.append(storage_read_limit(batch, BATCH_RECORDS, produced))
             ck_fetch.append(run_worker(ck_fetch_worker, boot, TOPIC, 0, produced))
             our_fetch.append(run_worker(our_fetch_worker, boot, TOPIC, 0, produced))
@@ -543,7 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(rate_row("storage: Log.append (in-process)", [dict(s) for s in limits], append_spr,
                          "this process, /dev/shm"))  # fmt: skip
     rows.append(rate_row("produce acks=1: confluent-kafka", ck_runs, append_spr, where_broker))
-    rows.append(rate_row("produce acks=1: our client send_batch", our_runs, append_spr, where_broker))
+    rows.append(
+        rate_row("produce acks=1: our client send_batch", our_runs, append_spr, where_broker)
+    )
     rows.append(rate_row("storage: Log.read + sendfile", [dict(s) for s in read_limits], read_spr,
                          "this process + reader process"))  # fmt: skip
     rows.append(rate_row("fetch: confluent-kafka consumer", ck_fetch, read_spr, where_broker))
