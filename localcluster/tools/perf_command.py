@@ -80,13 +80,25 @@ def perf() -> None:
 def _progress(description: str, total: int, enabled: bool):
     """A rich progress bar on stderr (only on a terminal); yields the update callable."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{task.speed or 0:>9,.0f} records/s")
 
     console = Console(stderr=True)
     if not enabled or not console.is_terminal:
         yield None
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), RateColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:  # fmt: skip
         task = bar.add_task(description, total=total)
         yield lambda done: bar.update(task, completed=done)
