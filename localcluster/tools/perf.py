@@ -735,7 +735,9 @@ def failover(cluster_dir: Path | str | None, topic: str, *, kills: int = 3, aim:
     rows: list[dict] = []
 
     async def main():
-        config_ = {"min.insync.replicas": "2"} if (replication_factor or 3) >= 3 else {}
+        # a kill must leave enough replicas to acknowledge: min.insync.replicas 2 of 3 or more
+        rf = replication_factor or min(3, len(target.registrations))
+        config_ = {"min.insync.replicas": "2"} if rf >= 3 else {}
         infos = await ensure_topic(target, topic, partitions, replication_factor, config_)
         if not 0 <= partition < len(infos):
             raise cluster.ClusterError(
