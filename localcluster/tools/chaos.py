@@ -80,7 +80,7 @@ def make_schedule(seed: int, duration_s: float, kill_every_ms: int, targets, fau
     """Faults at exponential gaps averaging kill_every_ms (so some come close together, as two
     failures in a row do). Kills stay down 0.5-3x kill_every_ms; stops pause 0.2-2x, or one in
     five past the session timeout, so the paused broker is declared dead and later wakes up.
-    One leader kill in four is a chain: the partition's next leader is killed too, 0-40 ms after
+    One leader kill in two is a chain: the partition's next leader is killed too, 0-40 ms after
     the store names it (a cascading failure: the window in which a follower that has just cut
     its log, as hw-truncation does, has not fetched it back yet)."""
     rng = random.Random(seed)
@@ -97,7 +97,7 @@ def make_schedule(seed: int, duration_s: float, kill_every_ms: int, targets, fau
             down = session_timeout_ms * rng.uniform(1.2, 1.6)
         else:
             down = rng.uniform(0.2, 2.0) * kill_every_ms
-        chain = rng.randrange(0, 41) if rng.random() < 0.25 else -1
+        chain = rng.randrange(0, 41) if rng.random() < 0.5 else -1
         if not (fault == "kill" and target == "leader"):
             chain = -1
         out.append(Fault(int(t), fault, target, partition, round(pick, 4), max(50, int(down)), chain))
@@ -195,6 +195,7 @@ class Engine:
     cycles: int = 0
     skipped: int = 0
     unavailable: dict = field(default_factory=lambda: defaultdict(list))  # p -> [[start, end]]
+    _spawned: list = field(default_factory=list)  # (broker id, Popen) of our restarts
     chains: list = field(default_factory=list)  # [partition, old leader, fault, give up at ms]
     _open_windows: dict = field(default_factory=dict)
     _zk: object = None
@@ -330,16 +331,31 @@ class Engine:
             cluster.send_signal(pid, signal.SIGCONT)
             self.record("SIGCONT", broker=broker, pid=pid)
         elif state == "killed":
-            if cluster.broker_pid(self.cluster_dir, broker) is None:
-                self.spawn(broker)
-            else:
-                self.record("restart", broker=broker, why="'already running'")
+            self.spawn(broker)
         self.cycles += 1
         return True
 
+    def running(self, broker: int) -> bool:
+        """A process of this broker runs: its pid file, a child of ours, or its registration says
+        so (a pid file being rewritten by the broker can read as nothing for a moment)."""
+        if cluster.broker_pid(self.cluster_dir, broker) is not None:
+            return True
+        if any(p.poll() is None for b, p in self._spawned if b == broker):
+            return True
+        try:
+            reg = self.zk().live_brokers().get(broker)
+        except Exception:  # noqa: BLE001
+            reg = None
+        return reg is not None and cluster.is_broker_process(reg.pid, self.cluster_dir, broker)
+
     def spawn(self, broker: int, why: str = "") -> None:
+        if self.running(broker):
+            self.down.pop(broker, None)
+            self.record("restart", broker=broker, why="'already running'")
+            return
         process = cluster.spawn_broker(self.cluster_dir, self.spec, broker)
         self.children.append(process)
+        self._spawned.append((broker, process))
         self.down[broker] = "starting"
         self.starting[broker] = process
         self.record("restart", broker=broker, pid=process.pid, **({"why": repr(why)} if why else {}))
@@ -503,7 +519,7 @@ class Engine:
                                            f"(running: {sorted(live)}, registered: {sorted(regs)})")  # fmt: skip
             self.update_starting()
             for broker in self.spec.brokers:  # died on their own (or a restart failed): start again
-                if broker not in live and broker not in self.starting:
+                if broker not in self.starting and not self.running(broker):
                     self.spawn(broker, "found dead at the end")
             self.reap()
             time.sleep(0.05)

@@ -84,8 +84,8 @@ def test_defaults_find_no_loss_and_print_the_schedule(tmp_path):
 def test_hw_truncation_loses_acknowledged_records_and_says_which(tmp_path):
     """KIP-101: the follower that cut its log to its own HW is elected before it fetched back."""
     reports = []
-    for seed in (2, 3, 5):  # real timing decides; one of these lost records in every run we tried
-        result = run_chaos_command(tmp_path, "--duration", "12", "--kill-every", "500", "--seed", str(seed),
+    for seed in (4, 5, 2):  # real timing decides: 4 and 5 lost records in our runs, 3 did not
+        result = run_chaos_command(tmp_path, "--duration", "12", "--kill-every", "1000", "--seed", str(seed),
                                    "--targets", "leader", "--set", "replication.protocol=hw-truncation",
                                    "--json")  # fmt: skip
         assert result.returncode in (0, 1), result.stderr[-3000:]
