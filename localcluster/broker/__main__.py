@@ -1,10 +1,17 @@
 """`python -m localcluster.broker --id N --cluster-dir DIR [--set key=value ...]`."""
+# ruff: noqa: E402  (hypothesis is blocked below before the other imports)
 
 from __future__ import annotations
 
+import sys
+
+# kio registers hypothesis strategies whenever hypothesis is importable (as in a test venv):
+# about 0.25 s and, in a fresh directory, a 2 s Unicode table per broker start. A broker never
+# needs them, so hypothesis is made unimportable here, before anything imports kio.
+sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+
 import asyncio
 import logging
-import sys
 from pathlib import Path
 
 import click

@@ -279,13 +279,21 @@ class ClusterMetadata:
         found = self.zk.partition_state(*tp)
         controller_epoch = found[0].controller_epoch if found else 0
         state = LeaderAndIsr(update.leader, update.leader_epoch, tuple(update.isr), controller_epoch)
-        version = self.zk.update_isr_from_leader(tp, state, update.zk_version)
+        try:
+            version = self.zk.update_isr_from_leader(tp, state, update.zk_version)
+        except Exception as e:
+            # The answer may be lost while the write landed (a real ZooKeeper's connection
+            # loss): only the store can say which, so read it back below.
+            log.info("%s-%d: ISR write answered %s; reading the state back", *tp, e)
+            version = None
         if version is not None:
             return True, version
         found = self.zk.partition_state(*tp)
         if found is None:
             return False, None
         current, version = found
+        if current == state:
+            return True, version  # it landed: our answer was lost on the way back
         if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
             return False, version  # only the version moved: retry with it
         return False, None

@@ -165,6 +165,7 @@ class BrokerServer:
         """Ask the controller to move our leaderships away first (Kafka's controlled
         shutdown), so producers see a leader change instead of a dead leader."""
         deadline = time.monotonic() + CONTROLLED_SHUTDOWN_TIMEOUT_S
+        previous = None
         while time.monotonic() < deadline:
             try:
                 remaining = await controlled_shutdown(self.metadata, self.controller, self.config.broker_id)
@@ -174,8 +175,12 @@ class BrokerServer:
             if remaining == []:
                 log.info("controlled shutdown: leaderships moved away")
                 return
-            if remaining is not None and all(self._sole_replica(tp) for tp in remaining):
-                return  # what is left has no other replica to lead it
+            if remaining is not None and (remaining == previous
+                                          or all(self._sole_replica(tp) for tp in remaining)):  # fmt: skip
+                log.info("controlled shutdown: %d partition(s) have no other live replica to "
+                         "lead them; shutting down with them", len(remaining))  # fmt: skip
+                return
+            previous = remaining
             await asyncio.sleep(0.1)
         log.warning("controlled shutdown did not complete in %d s; shutting down anyway",
                     CONTROLLED_SHUTDOWN_TIMEOUT_S)

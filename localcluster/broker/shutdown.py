@@ -16,7 +16,7 @@ from localcluster.protocol.wire import Reader
 
 log = logging.getLogger(__name__)
 
-ANSWER_TIMEOUT_S = 15
+ANSWER_TIMEOUT_S = 5
 
 
 async def ask_local_controller(controller, broker_id: int):
