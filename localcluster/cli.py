@@ -63,8 +63,12 @@ def log_dump(directory: Path, show_records: bool, limit: int) -> None:
 
 
 from localcluster.cli_cluster import register  # noqa: E402  (the cluster commands)
+from localcluster.tools.chaos_command import chaos  # noqa: E402
+from localcluster.tools.perf_command import perf  # noqa: E402
 
 register(main)
+main.add_command(perf)
+main.add_command(chaos)
 
 if __name__ == "__main__":
     main()

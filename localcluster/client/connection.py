@@ -270,7 +270,11 @@ class BrokerConnection:
             head = Writer()
             write_request_header(head, RequestHeader(api_key, version, correlation_id, self.client_id))
             body = encode(version)
-            self._writer.write(_SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body)
+            try:
+                self._writer.write(_SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body)
+            except (RuntimeError, OSError) as e:  # uvloop: "the handler is closed"
+                self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
+                raise self._closed from e
             if not expect_response:
                 self._slots.release()
                 released = True

@@ -180,6 +180,12 @@ class KafkaController:
         for tp in sorted(ctx.leadership):
             self.leadership.add_leader_and_isr(batch, tp, ctx.assignments[tp])
         await self.leadership.trigger_online_partition_state_change(batch)
+        # Replicas on brokers that died before this failover leave the ISR now (Kafka's
+        # ReplicaStateMachine.startup): no BrokerChange will ever report them dead to us.
+        for tp, replicas in sorted(ctx.assignments.items()):
+            for replica in replicas:
+                if replica not in ctx.live_brokers:
+                    await self.leadership.remove_replica_from_isr(tp, replica, batch)
         self.send(batch)
         for kind in ("deletions", "reassignments", "preferred"):
             self.enqueue(kind)
