@@ -318,3 +318,18 @@ def test_every_broker_serves_metadata_the_controller_sent(cluster):
     survivor = next(b for i, b in c.brokers.items() if i != victim)
     assert asyncio.run(stale_update(survivor)) == 11  # STALE_CONTROLLER_EPOCH
     assert leader_seen_by(survivor) == new_leader  # the empty stale picture was not applied
+
+
+def test_a_new_controller_takes_the_dead_controllers_replicas_out_of_the_isr(cluster):
+    """The old controller's broker died before the new controller loaded the cluster: no
+    BrokerChange reports it, so failover itself must shrink the ISRs (well before the
+    leaders' own replica.lag.time.max.ms, 60 s here, would)."""
+    c = cluster.start(3, replica_lag_time_max_ms=60_000)
+    c.create_topic("f", 3, 3)
+    old = c.zk.controller_id()
+    followed = [p for p in range(3) if c.state("f", p).leader != old]
+    c.brokers[old].kill()
+    wait_until(lambda: c.zk.controller_id() not in (None, old), timeout_s=10)
+    for p in followed:
+        wait_until(lambda p=p: old not in c.state("f", p).isr, timeout_s=10,
+                   message=f"f-{p} ISR drops the dead controller's broker")  # fmt: skip
