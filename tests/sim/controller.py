@@ -35,6 +35,7 @@ from localcluster.controller.state_machines import (
 from tests.sim import network as m
 
 NO_LEADER = -1
+CORR_PER_EPOCH = 1_000_000
 MAX_WRITE_ATTEMPTS = 5
 TopicPartition = tuple[str, int]
 
@@ -169,7 +170,8 @@ class SimController:
         self.partition_states = partition_states()
         self.replica_states = replica_states()
         self.queues: dict[int, _BrokerQueue] = {}
-        self._corr = 0
+        self._corr = self.epoch * CORR_PER_EPOCH  # answers find their controller by corr
+        self.notices_moved_at_ms = 0  # a zombie learns of its successor only at this time
         self._batch: dict[int, dict[TopicPartition, m.PartitionStateMsg]] = {}
         self.sim.trace(f"controller epoch {self.epoch} starts")
         self._failover()
@@ -208,8 +210,8 @@ class SimController:
         if not self.active:
             return
         try:
-            if self.zk.controller_epoch != self.epoch:
-                raise ControllerMovedError("a newer controller exists")
+            if self.zk.controller_epoch != self.epoch and self.now_ms() >= self.notices_moved_at_ms:
+                raise ControllerMovedError("a newer controller exists")  # the /controller watch
             new_tps = sorted(tp for tp in self.zk.assignments if tp not in self.assignments)
             if new_tps:
                 self._on_new_partitions(new_tps)
@@ -436,6 +438,9 @@ class SimController:
                 queue.inflight = queue.queue.popleft()
                 queue.deadline_ms = now + self.config.request_timeout_ms
                 self.sim.network.send(self.NAME, broker, queue.inflight)
+
+    def owns(self, corr: int) -> bool:
+        return corr // CORR_PER_EPOCH == self.epoch
 
     def receive(self, src, msg) -> bool:
         if not self.active:

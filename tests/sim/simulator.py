@@ -53,21 +53,23 @@ class SimResult:
     faults: int = 0
     converged_after: int | None = None
     stats: dict = field(default_factory=dict)
+    flags: str = ""  # the command-line flags beyond the protocol (--unclean, --lossy-zk)
+    known_issues: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.violation is None
 
-    def report(self, tail: int = TRACE_TAIL) -> str:
+    def report(self, tail: int = TRACE_TAIL, always: bool = False) -> str:
         head = (f"seed {self.seed} ({self.protocol}): "
                 f"{'ok' if self.ok else 'VIOLATION ' + str(self.violation)}; {self.steps} steps, "
                 f"{self.sim_time_ms} ms simulated, {self.acked} acked of {self.produced} produced, "
                 f"{self.faults} faults")  # fmt: skip
-        if self.ok:
+        if self.ok and not always:
             return head
         lines = self.trace[-tail:]
         return "\n".join([head, f"reproduce: python -m tests.sim.simulator --seeds {self.seed} "
-                          f"--protocol {self.protocol} --trace",
+                          f"--protocol {self.protocol}{self.flags} --trace",
                           f"last {len(lines)} of {len(self.trace)} trace lines:", *lines])  # fmt: skip
 
 
@@ -76,11 +78,13 @@ class ControllerHost:
 
     def __init__(self):
         self.controller: SimController | None = None
+        self.zombies: list[SimController] = []  # deposed, and not aware of it yet
 
     def receive(self, src, msg) -> bool:
-        if self.controller is None:
-            return False
-        return self.controller.receive(src, msg)
+        for controller in [self.controller, *self.zombies]:
+            if controller is not None and controller.active and controller.owns(msg.corr):
+                return controller.receive(src, msg)
+        return False
 
 
 class Client:
@@ -126,9 +130,10 @@ class Simulator:
     def __init__(self, seed: int | None = 0, protocol: str = "leader-epoch", broker_ids=(1, 2, 3),
                  partitions: int = 2, replication_factor: int = 3, config: SimConfig | None = None,
                  directory: Path | None = None, deterministic_network: bool = False,
-                 echo: bool = False, lossy_zk: bool = False):  # fmt: skip
+                 echo: bool = False, lossy_zk: bool = False,
+                 rng: random.Random | None = None):  # fmt: skip
         self.seed = seed
-        self.rng = random.Random(seed)
+        self.rng = rng or random.Random(seed)
         self.config = config or SimConfig()
         self.config.replication_protocol = protocol
         self.protocol = protocol
@@ -205,9 +210,12 @@ class Simulator:
         controller = self.controller_host.controller
 
         def tick():
-            if self.controller_host.controller is controller and controller.active:
+            host = self.controller_host
+            if controller.active and (host.controller is controller or controller in host.zombies):
                 controller.tick()
                 self.scheduler.after(10, tick)
+            elif controller in host.zombies:
+                host.zombies.remove(controller)
 
         self.scheduler.after(10, tick)
 
@@ -222,7 +230,8 @@ class Simulator:
         assignment = assign_replicas_to_brokers(brokers, self.partitions, self.replication_factor,
                                                 fixed_start_index=start)  # fmt: skip
         self.zk.create_topic(TOPIC, assignment)
-        self.trace(f"topic {TOPIC}: {dict(sorted(assignment.items()))}")
+        self.trace(f"topic {TOPIC}: {dict(sorted(assignment.items()))}, min.insync.replicas "
+                   f"{self.config.min_insync_replicas}")  # fmt: skip
 
     # -- the random run ----------------------------------------------------------------------------
 
@@ -280,7 +289,7 @@ class Simulator:
         troubled = [b for b, h in self.hosts.items() if not h.alive or h.paused]
         healthy = [b for b in ids if b not in troubled]
         kind = rng.choice(["crash", "crash", "pause", "pause", "isolate", "cut", "drop",
-                           "controller", "preferred", "none"])  # fmt: skip
+                           "controller", "zombie", "preferred", "none"])  # fmt: skip
         if kind in ("crash", "pause", "isolate") and (len(troubled) >= 2 or not healthy):
             kind = "none"
         self.faults += kind != "none"
@@ -317,6 +326,15 @@ class Simulator:
         elif kind == "controller":
             self.crash_controller()
             self.scheduler.after(rng.randint(10, 100), self._restart_controller)
+        elif kind == "zombie" and self.controller_host.controller is not None:
+            # The controller loses its seat (a session expiry) and a successor starts; the old
+            # one goes on acting on what it knows until its /controller watch fires.
+            old = self.controller_host.controller
+            old.notices_moved_at_ms = self.clock.now_ms() + rng.randint(10, 200)
+            self.trace(f"FAULT controller epoch {old.epoch} is deposed and does not know it "
+                       f"until {old.notices_moved_at_ms} ms")  # fmt: skip
+            self.controller_host.zombies.append(old)
+            self.start_controller()
         elif kind == "preferred":
             controller = self.controller_host.controller
             tp = rng.choice(self._tps())
@@ -696,10 +714,34 @@ def check_all(update: bool = False) -> int:
     return 1 if failed else 0
 
 
-def run_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False, **kwargs) -> SimResult:
-    sim = Simulator(seed, protocol, lossy_zk=lossy_zk)
+# (brokers, partitions, replication factor, min.insync.replicas); the first is the common case.
+SHAPES = [(3, 2, 3, 2)] * 3 + [(3, 2, 3, 1), (4, 3, 3, 2), (2, 1, 2, 1), (5, 2, 3, 2)]
+
+
+# Known issues a random run traces instead of failing on; each has a scenario file (xfail).
+TOLERATED = {"hw-backwards-after-restart"}
+
+
+def simulator_for_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
+                       unclean: bool = False) -> Simulator:  # fmt: skip
+    """The cluster's shape comes from the seed too."""
+    rng = random.Random(seed)
+    brokers, partitions, rf, min_isr = rng.choice(SHAPES)
+    config = SimConfig(min_insync_replicas=min_isr, unclean_leader_election_enable=unclean)
+    sim = Simulator(seed, protocol, tuple(range(1, brokers + 1)), partitions, rf, config,
+                    lossy_zk=lossy_zk, rng=rng)  # fmt: skip
+    sim.checker.tolerated = set(TOLERATED)
+    return sim
+
+
+def run_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
+             unclean: bool = False, **kwargs) -> SimResult:  # fmt: skip
+    sim = simulator_for_seed(seed, protocol, lossy_zk, unclean)
     try:
-        return sim.run(**kwargs)
+        result = sim.run(**kwargs)
+        result.flags = " --unclean" * unclean + " --lossy-zk" * lossy_zk
+        result.known_issues = list(sim.checker.tolerated_seen)
+        return result
     finally:
         sim.close()
 
@@ -710,6 +752,7 @@ def main(argv=None) -> int:
     parser.add_argument("--protocol", default="leader-epoch", choices=["leader-epoch", "hw-truncation"])
     parser.add_argument("--trace", action="store_true", help="print the whole trace of each seed")
     parser.add_argument("--lossy-zk", action="store_true", help="the store's answers can be lost")
+    parser.add_argument("--unclean", action="store_true", help="unclean.leader.election.enable=true")
     parser.add_argument("--update-golden", action="store_true", help="rewrite the scenario files")
     parser.add_argument("--scenarios", action="store_true", help="run the scenario files")
     args = parser.parse_args(argv)
@@ -720,15 +763,19 @@ def main(argv=None) -> int:
         seeds = range(a, b)
     else:
         seeds = [int(args.seeds)]
-    failed = 0
+    failed = known = 0
     started = time.perf_counter()
     for seed in seeds:
-        result = run_seed(seed, args.protocol, lossy_zk=args.lossy_zk)
+        result = run_seed(seed, args.protocol, lossy_zk=args.lossy_zk, unclean=args.unclean)
+        for issue in result.known_issues[:1]:
+            known += 1
+            print(f"seed {seed}: known issue {issue}")
         if not result.ok or args.trace:
-            print(result.report(tail=10**9 if args.trace else TRACE_TAIL))
+            print(result.report(tail=10**9 if args.trace else TRACE_TAIL, always=args.trace))
         failed += not result.ok
     elapsed = time.perf_counter() - started
-    print(f"{len(seeds)} seeds ({args.protocol}), {failed} failed, {elapsed:.1f} s")
+    print(f"{len(seeds)} seeds ({args.protocol}), {failed} failed, {known} with known issues, "
+          f"{elapsed:.1f} s")  # fmt: skip
     return 1 if failed else 0
 
 

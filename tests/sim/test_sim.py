@@ -25,6 +25,7 @@ from tests.sim.simulator import (
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 HW_SEEDS = 30
+UNCLEAN_SEEDS = 30
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
 KIP_SCENARIOS = ["kip101_scenario1", "kip101_scenario2", "kip279_fast_leader_changes"]
 KNOWN_BUGS = {
@@ -33,6 +34,12 @@ KNOWN_BUGS = {
         "that did not land; when only the answer was lost (kazoo ConnectionLoss) the leader keeps "
         "the old ISR while ZooKeeper holds the expanded one, and its HW (and acks=all) pass a "
         "member the controller may elect"
+    ),
+    "leader_bounce_during_controller_failover": (
+        "a leader that restarts while no controller runs is sent its old epoch by the next "
+        "controller and leads it again from its checkpointed HW: the HW goes back within the "
+        "epoch (nothing lost; consumers saw offsets that are above the HW again). Random runs "
+        "tolerate it (TOLERATED in simulator.py) and report it as a known issue"
     ),
 }
 ALL_SCENARIOS = sorted(p.stem for p in SCENARIOS.glob("*.txt"))
@@ -126,14 +133,14 @@ def test_a_run_is_a_function_of_its_seed():
 
 
 def _run(args):
-    seed, protocol = args
-    result = run_seed(seed, protocol)
+    seed, protocol, flags = args
+    result = run_seed(seed, protocol, **flags)
     return seed, result.ok, result.violation.kind if result.violation else None, (
         None if result.ok else result.report(tail=60)), result.acked  # fmt: skip
 
 
-def _sweep(seeds, protocol):
-    jobs = [(seed, protocol) for seed in seeds]
+def _sweep(seeds, protocol, **flags):
+    jobs = [(seed, protocol, flags) for seed in seeds]
     workers = min(2, os.cpu_count() or 1)
     if workers < 2:
         return [_run(job) for job in jobs]
@@ -153,4 +160,12 @@ def test_random_sweep_hw_truncation_breaks_the_invariants():
     results = _sweep(range(HW_SEEDS), "hw-truncation")
     kinds = [kind for _, ok, kind, _, _ in results if not ok]
     assert len(kinds) >= HW_SEEDS // 2, f"only {len(kinds)} of {HW_SEEDS} seeds failed"
-    assert {"strong-isr", "acked-lost"} <= set(kinds), kinds
+    assert "strong-isr" in kinds, kinds  # a committed record missing on an ISR member
+
+
+def test_random_sweep_with_unclean_election_loses_acknowledged_records():
+    """Jepsen's Kafka 0.8 finding: an out-of-sync replica elected leader loses acks=all records."""
+    results = _sweep(range(UNCLEAN_SEEDS), "leader-epoch", unclean=True)
+    kinds = [kind for _, ok, kind, _, _ in results if not ok]
+    assert "acked-lost" in kinds, f"no seed of {UNCLEAN_SEEDS} lost an acknowledged record"
+    assert set(kinds) == {"acked-lost"}, kinds  # the data is lost; the replicas still agree
