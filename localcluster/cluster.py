@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from localcluster.coord.kafka_zk import KafkaZkClient
+
 DEFAULT_DIR = ".localcluster"
 SPEC_FILE = "cluster.json"
 SUPERVISOR_PID = "supervisor.pid"
@@ -293,58 +295,28 @@ def store(spec: ClusterSpec):
 
 def registrations(client) -> dict:
     """{broker id: BrokerRegistration} of every registered broker."""
-    from localcluster.coord import NoNodeError, paths
-    from localcluster.coord.znode_data import BrokerRegistration
-
-    out = {}
-    try:
-        children = client.get_children(paths.BROKER_IDS)
-    except NoNodeError:
-        return out
-    for child in children:
-        if not child.isdigit():
-            continue
-        path = paths.broker_path(int(child))
-        try:
-            data, _ = client.get(path)
-        except NoNodeError:
-            continue
-        out[int(child)] = BrokerRegistration.decode(int(child), path, data)
-    return out
+    return KafkaZkClient(client).live_brokers()
 
 
 def controller_id(client) -> int | None:
-    from localcluster.coord import NoNodeError, paths
-
-    try:
-        data, _ = client.get(paths.CONTROLLER)
-        return int(json.loads(data)["brokerid"])
-    except (NoNodeError, ValueError, KeyError, TypeError):
-        return None
+    return KafkaZkClient(client).controller_id()
 
 
 def topics(client) -> list[str]:
-    from localcluster.coord import NoNodeError, paths
-
-    try:
-        return sorted(client.get_children(paths.BROKER_TOPICS))
-    except NoNodeError:
-        return []
+    return KafkaZkClient(client).topics()
 
 
 def partition_states(client, only_topics=None) -> list[dict]:
     """Every partition: topic, partition, replicas (AR), adding/removing, leader, leader
     epoch, isr, and the state's zkVersion, read straight from the store."""
-    from localcluster.coord import NoNodeError, paths
-    from localcluster.coord.znode_data import LeaderAndIsr, TopicAssignment
+    from localcluster.coord import paths
 
+    zk = KafkaZkClient(client)
     out = []
-    for topic in only_topics if only_topics is not None else topics(client):
-        try:
-            data, _ = client.get(paths.topic_path(topic))
-        except NoNodeError:
+    for topic in only_topics if only_topics is not None else zk.topics():
+        assignment = zk.assignment(topic)
+        if assignment is None:
             continue
-        assignment = TopicAssignment.decode(paths.topic_path(topic), data)
         deleting = client.exists(paths.delete_topic_path(topic)) is not None
         for p, replicas in sorted(assignment.partitions.items()):
             row = {"topic": topic, "partition": p, "replicas": list(replicas),
@@ -352,28 +324,18 @@ def partition_states(client, only_topics=None) -> list[dict]:
                    "removing_replicas": list(assignment.removing_replicas.get(p, ())),
                    "leader": -1, "leader_epoch": -1, "isr": [], "zk_version": -1,
                    "deleting": deleting}  # fmt: skip
-            path = paths.partition_state_path(topic, p)
-            try:
-                data, stat = client.get(path)
-                state = LeaderAndIsr.decode(path, data)
+            found = zk.partition_state(topic, p)
+            if found is not None:
+                state, version = found
                 row.update(leader=state.leader, leader_epoch=state.leader_epoch,
-                           isr=list(state.isr), zk_version=stat.version)  # fmt: skip
-            except NoNodeError:
-                pass
+                           isr=list(state.isr), zk_version=version)  # fmt: skip
             out.append(row)
     return out
 
 
 def reassignment_in_progress(client) -> dict[tuple[str, int], list[int]]:
-    from localcluster.coord import NoNodeError, paths
-
-    try:
-        data, _ = client.get(paths.REASSIGN_PARTITIONS)
-        value = json.loads(data)
-        return {(p["topic"], int(p["partition"])): [int(r) for r in p["replicas"]]
-                for p in value.get("partitions", [])}  # fmt: skip
-    except (NoNodeError, ValueError, KeyError, TypeError):
-        return {}
+    requested = KafkaZkClient(client).reassignments() or {}
+    return {tp: list(replicas) for tp, replicas in requested.items()}
 
 
 def bootstrap_servers(regs: dict) -> str:

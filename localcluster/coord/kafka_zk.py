@@ -70,7 +70,11 @@ class KafkaZkClient:
         return BrokerRegistration.decode(broker_id, path, data)
 
     def broker_ids(self, watch=None) -> list[int]:
-        return sorted(int(c) for c in self.coord.get_children(paths.BROKER_IDS, watch) if c.isdigit())
+        try:
+            children = self.coord.get_children(paths.BROKER_IDS, watch)
+        except NoNodeError:  # a store no broker has registered in yet
+            return []
+        return sorted(int(c) for c in children if c.isdigit())
 
     def live_brokers(self) -> dict[int, BrokerRegistration]:
         out = {}
@@ -132,7 +136,10 @@ class KafkaZkClient:
     # -- topics -------------------------------------------------------------------------------
 
     def topics(self, watch=None) -> list[str]:
-        return sorted(self.coord.get_children(paths.BROKER_TOPICS, watch))
+        try:
+            return sorted(self.coord.get_children(paths.BROKER_TOPICS, watch))
+        except NoNodeError:
+            return []
 
     def assignment(self, topic: str, watch=None) -> TopicAssignment | None:
         path = paths.topic_path(topic)
