@@ -304,7 +304,7 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
                 continue
             found[parsed].append((p, offset))
         seen = defaultdict(int)
-        for offset, value in records:
+        for _, value in records:
             parsed = parse_value(value)
             if parsed:
                 seen[parsed] += 1
