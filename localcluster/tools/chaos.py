@@ -61,7 +61,9 @@ class Fault:
     partition: int  # whose leader / follower (leader and follower targets)
     pick: float  # [0, 1): which of several candidates (follower, any)
     down_ms: int  # until the restart (kill) or SIGCONT (stop)
-    chain_ms: int = -1  # >= 0: then SIGKILL the partition's next leader this long after its election
+    chain_ms: int = (
+        -1
+    )  # >= 0: then SIGKILL the partition's next leader this long after its election
     chained: bool = False  # this is such a follow-up kill
 
     def describe(self) -> str:
@@ -100,7 +102,9 @@ def make_schedule(seed: int, duration_s: float, kill_every_ms: int, targets, fau
         chain = rng.randrange(0, 41) if rng.random() < 0.5 else -1
         if not (fault == "kill" and target == "leader"):
             chain = -1
-        out.append(Fault(int(t), fault, target, partition, round(pick, 4), max(50, int(down)), chain))
+        out.append(
+            Fault(int(t), fault, target, partition, round(pick, 4), max(50, int(down)), chain)
+        )
         t += rng.expovariate(1 / kill_every_ms)
     return out
 
@@ -112,7 +116,9 @@ class Load:
     """One producer thread: keys k0..kK-1 round robin, values `key:sequence`, acks=all, at a
     bounded rate with a bounded number of records in flight."""
 
-    def __init__(self, cluster_dir: Path, topic: str, keys: int, rate: int, max_in_flight: int = 2000):
+    def __init__(
+        self, cluster_dir: Path, topic: str, keys: int, rate: int, max_in_flight: int = 2000
+    ):
         self.cluster_dir, self.topic, self.keys, self.rate = cluster_dir, topic, keys, rate
         self.acks: list[chaos_check.Ack] = []
         self.failed: list[tuple[str, int, str]] = []
@@ -147,9 +153,13 @@ class Load:
                     while not self.in_flight.acquire(timeout=0.1):
                         if self.stop_sending.is_set():
                             return
-                    future = self.producer.send(self.topic, chaos_check.record_value(key, sequence), key=key)
+                    future = self.producer.send(
+                        self.topic, chaos_check.record_value(key, sequence), key=key
+                    )
                     self.sent += 1
-                    future.add_done_callback(lambda f, key=key, sequence=sequence: self._done(f, key, sequence))
+                    future.add_done_callback(
+                        lambda f, key=key, sequence=sequence: self._done(f, key, sequence)
+                    )
         except BaseException as e:  # noqa: BLE001 (reported by the engine)
             self.error = e
 
@@ -161,7 +171,9 @@ class Load:
             self.failed.append((key, sequence, str(future.exception())))
         else:
             partition, offset = future.result()
-            self.acks.append(chaos_check.Ack(key, sequence, partition, offset, int(time.time() * 1000)))
+            self.acks.append(
+                chaos_check.Ack(key, sequence, partition, offset, int(time.time() * 1000))
+            )
 
     def finish(self, timeout_s: float) -> None:
         """Stop sending; wait for what is in flight (acknowledged or failed) up to timeout_s."""
@@ -308,7 +320,11 @@ class Engine:
         else:
             cluster.send_signal(pid, signal.SIGSTOP)
             self.supervisor_down = "stopped"
-        self.record("SIGKILL" if fault.fault == "kill" else "SIGSTOP", supervisor=pid, back_in_ms=fault.down_ms)
+        self.record(
+            "SIGKILL" if fault.fault == "kill" else "SIGSTOP",
+            supervisor=pid,
+            back_in_ms=fault.down_ms,
+        )
         return ("supervisor", None, pid)
 
     def recover(self, kind: str, broker: int | None, pid: int) -> bool:
@@ -358,7 +374,9 @@ class Engine:
         self._spawned.append((broker, process))
         self.down[broker] = "starting"
         self.starting[broker] = process
-        self.record("restart", broker=broker, pid=process.pid, **({"why": repr(why)} if why else {}))
+        self.record(
+            "restart", broker=broker, pid=process.pid, **({"why": repr(why)} if why else {})
+        )
 
     def update_starting(self) -> None:
         """Restarted brokers count as down until registered; one that exits is started again."""
@@ -571,9 +589,15 @@ def stop_cluster(cluster_dir: Path, children: list) -> None:
         spec = cluster.load_spec(cluster_dir)
     with contextlib.suppress(subprocess.TimeoutExpired):
         cli("down", "--purge", "--timeout", "10", "--dir", str(cluster_dir), timeout_s=60)
-    pids = list(cluster.live_brokers(cluster_dir, spec).values()) if spec and cluster_dir.exists() else []
+    pids = (
+        list(cluster.live_brokers(cluster_dir, spec).values())
+        if spec and cluster_dir.exists()
+        else []
+    )
     supervisor = cluster.supervisor_pid(cluster_dir) if cluster_dir.exists() else None
-    for pid in pids + [p.pid for p in children if p.poll() is None] + ([supervisor] if supervisor else []):
+    for pid in (
+        pids + [p.pid for p in children if p.poll() is None] + ([supervisor] if supervisor else [])
+    ):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGCONT)
             os.killpg(pid, signal.SIGKILL)
@@ -640,7 +664,9 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         topic_config.update({k: v for k, v in settings.items() if k in TOPIC_CONFIGS})
         create_topic(cluster_dir, topic, partitions, replication_factor, topic_config)
         session_ms = int(effective.get("zookeeper.session.timeout.ms", 6000))
-        schedule = make_schedule(seed, duration_s, kill_every_ms, targets, faults, partitions, session_ms)
+        schedule = make_schedule(
+            seed, duration_s, kill_every_ms, targets, faults, partitions, session_ms
+        )
         say(f"chaos: seed {seed}, {len(schedule)} faults over {duration_s:g} s on topic {topic} "
             f"({partitions} partitions, RF {replication_factor}, min.insync.replicas "
             f"{topic_config['min.insync.replicas']}); schedule:")  # fmt: skip

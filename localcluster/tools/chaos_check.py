@@ -106,7 +106,9 @@ LEADING = re.compile(_STAMP + r"leading (?P<topic>.+)-(?P<partition>\d+) in epoc
 ELECTED = re.compile(_STAMP + r"controller \d+: (?P<topic>.+)-(?P<partition>\d+): leader (?P<leader>-?\d+) "
                      r"elected \((?P<election>\w+)\) in epoch (?P<epoch>\d+), ISR \[(?P<isr>[\d, ]*)\]"
                      r"(?P<unclean> UNCLEAN)?")  # fmt: skip
-TRUNCATED = re.compile(_STAMP + r"follower (?P<topic>.+)-(?P<partition>\d+) truncated to (?P<offset>\d+)")
+TRUNCATED = re.compile(
+    _STAMP + r"follower (?P<topic>.+)-(?P<partition>\d+) truncated to (?P<offset>\d+)"
+)
 FOLLOWING = re.compile(_STAMP + r"following (?P<topic>.+)-(?P<partition>\d+): leader (?P<leader>-?\d+) in "
                        r"epoch (?P<epoch>\d+), offsets \[(?P<start>\d+), (?P<end>\d+)\), HW (?P<hw>\d+)")  # fmt: skip
 
@@ -125,7 +127,9 @@ class LogEvent:
     fields: dict
 
 
-def broker_log_events(cluster_dir: Path, broker_ids, topic: str, since_ms: int = 0) -> list[LogEvent]:
+def broker_log_events(
+    cluster_dir: Path, broker_ids, topic: str, since_ms: int = 0
+) -> list[LogEvent]:
     """The leadership, election and truncation lines of every broker's log, by time."""
     patterns = (("leading", LEADING), ("elected", ELECTED), ("truncated", TRUNCATED),
                 ("following", FOLLOWING))  # fmt: skip
@@ -160,7 +164,9 @@ def consume_all(cluster_dir: Path, topic: str, partitions: list[int],
 
     tps = [(topic, p) for p in partitions]
     out = {p: [] for p in partitions}
-    with Consumer(cluster_dir=cluster_dir, auto_offset_reset="earliest", request_timeout_ms=10_000) as consumer:
+    with Consumer(
+        cluster_dir=cluster_dir, auto_offset_reset="earliest", request_timeout_ms=10_000
+    ) as consumer:
         consumer.assign(tps)
         consumer.seek_to_beginning(tps)
         ends = consumer.end_offsets(tps)
@@ -175,7 +181,9 @@ def consume_all(cluster_dir: Path, topic: str, partitions: list[int],
     return out, {tp[1]: ends[tp] for tp in tps}
 
 
-def check_offsets(consumed: list[tuple[int, bytes]], log_start: int, high_watermark: int) -> list[str]:
+def check_offsets(
+    consumed: list[tuple[int, bytes]], log_start: int, high_watermark: int
+) -> list[str]:
     problems = []
     expected = log_start
     for offset, _ in consumed:
@@ -192,6 +200,7 @@ def check_offsets(consumed: list[tuple[int, bytes]], log_start: int, high_waterm
 def check_replicas(cluster_dir: Path, spec, topic: str, partition: int, leader: int, replicas,
                    high_watermark: int) -> list[str]:  # fmt: skip
     """Every replica's batches below the HW are byte-identical to the leader's."""
+
     def below(broker_id):
         return [(h, data) for h, data in log_batches(partition_dir(cluster_dir, spec, broker_id, topic, partition))
                 if h.base_offset < high_watermark]  # fmt: skip
@@ -256,8 +265,11 @@ def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) ->
         cuts = [x for x in mine if x.kind == "truncated" and x.broker == e.broker
                 and int(x.fields["offset"]) <= ack.offset and ack.acked_ms - 60_000 <= x.ms <= e.ms]  # fmt: skip
         if cuts:
-            reason += (f"; it had truncated to {cuts[-1].fields['offset']}"
-                       + (" (hw-truncation: a follower cuts to its own HW)" if protocol == "hw-truncation" else ""))
+            reason += f"; it had truncated to {cuts[-1].fields['offset']}" + (
+                " (hw-truncation: a follower cuts to its own HW)"
+                if protocol == "hw-truncation"
+                else ""
+            )
         return reason
     return f"{where}; no later leader's log ended below it (no election in the brokers' logs explains it)"
 
@@ -330,6 +342,10 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
         report["lost_records"].append({"value": a.value, "partition": a.partition, "offset": a.offset,
                                        "acked_ms": a.acked_ms,
                                        "reason": explain_loss(a, topic, events, protocol)})  # fmt: skip
-    report["lost_by_partition"] = {str(p): sum(1 for a in lost if a.partition == p) for p in partitions}
-    report["verdict"] = "LOSS" if lost else ("VIOLATION" if report["problems"] or report["moved"] else "OK")
+    report["lost_by_partition"] = {
+        str(p): sum(1 for a in lost if a.partition == p) for p in partitions
+    }
+    report["verdict"] = (
+        "LOSS" if lost else ("VIOLATION" if report["problems"] or report["moved"] else "OK")
+    )
     return report

@@ -21,7 +21,9 @@ def _csv(allowed):
         items = [v.strip() for v in value.split(",") if v.strip()]
         unknown = [v for v in items if v not in allowed]
         if not items or unknown:
-            raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: choose from {','.join(allowed)}")
+            raise click.BadParameter(
+                f"{', '.join(unknown) or 'nothing'}: choose from {','.join(allowed)}"
+            )
         return tuple(dict.fromkeys(items))
 
     return parse
@@ -54,7 +56,12 @@ def _settings(ctx, param, values):
               help="Whom faults hit (comma-separated).")  # fmt: skip
 @click.option("--faults", default="kill", show_default=True, callback=_csv(("kill", "stop")),
               help="kill: SIGKILL then restart; stop: SIGSTOP then SIGCONT.")  # fmt: skip
-@click.option("--seed", type=click.IntRange(0, 2**63), default=None, help="Seed of the schedule (default: random, printed).")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**63),
+    default=None,
+    help="Seed of the schedule (default: random, printed).",
+)
 @click.option("--brokers", default=3, show_default=True, type=click.IntRange(2, 16),
               help="Brokers of the cluster chaos starts (ignored with --dir).")  # fmt: skip
 @click.option("--partitions", default=3, show_default=True, type=click.IntRange(1, 64))
@@ -83,14 +90,19 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
 
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", cluster.hypothesis_cache())
     if replication_factor > brokers and cluster_dir is None:
-        raise click.BadParameter(f"{replication_factor} > --brokers {brokers}", param_hint="--replication-factor")
+        raise click.BadParameter(
+            f"{replication_factor} > --brokers {brokers}", param_hint="--replication-factor"
+        )
     if min_insync_replicas > replication_factor:
         raise click.BadParameter(f"{min_insync_replicas} > --replication-factor {replication_factor}",
                                  param_hint="--min-insync-replicas")  # fmt: skip
     if cluster_dir is not None:
         cluster_dir = cluster.resolve_dir(cluster_dir)
         if not cluster.spec_path(cluster_dir).exists():
-            click.echo(f"error: no cluster in {cluster_dir}; start one with `localcluster up` or omit --dir", err=True)
+            click.echo(
+                f"error: no cluster in {cluster_dir}; start one with `localcluster up` or omit --dir",
+                err=True,
+            )
             sys.exit(1)
 
     def say(line: str) -> None:
@@ -115,7 +127,9 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
 
 def render(report: dict, say) -> None:
     say("")
-    say(f"verdict: {report['verdict']}  (seed {report['seed']}; rerun with --seed {report['seed']})")
+    say(
+        f"verdict: {report['verdict']}  (seed {report['seed']}; rerun with --seed {report['seed']})"
+    )
     say(f"  {report['cycles']} fault cycles ({report['skipped']} skipped), {report['sent']} records sent, "
         f"{report['acknowledged']} acknowledged, {report['failed']} failed, {report['lost']} lost, "
         f"{report['duplicated']} duplicated, {report['moved']} at another offset")  # fmt: skip
@@ -128,4 +142,9 @@ def render(report: dict, say) -> None:
         say(f"  ... and {report['lost'] - len(report['lost_records'])} more lost records")
     for problem in report["problems"]:
         say(f"  PROBLEM {problem}")
-    say("report: " + json.dumps({k: v for k, v in report.items() if k not in ("schedule", "events")}, sort_keys=True))
+    say(
+        "report: "
+        + json.dumps(
+            {k: v for k, v in report.items() if k not in ("schedule", "events")}, sort_keys=True
+        )
+    )

@@ -23,7 +23,9 @@ from localcluster.tools import chaos, chaos_check
 COMMAND = "from localcluster.tools.chaos_command import chaos; chaos()"
 
 
-def run_chaos_command(tmp_path: Path, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
+def run_chaos_command(
+    tmp_path: Path, *args: str, timeout_s: float = 240
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, TMPDIR=str(tmp_path))
     return subprocess.run([sys.executable, "-c", COMMAND, *args], capture_output=True, text=True,
                           timeout=timeout_s, env=env)  # fmt: skip
@@ -71,7 +73,9 @@ def test_defaults_find_no_loss_and_print_the_schedule(tmp_path):
     out = result.stdout
     assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
     assert "verdict: OK" in out and "seed 11" in out, out[-2000:]
-    schedule = chaos.make_schedule(11, 8, 400, ("leader", "controller", "follower", "any"), ("kill",), 3)
+    schedule = chaos.make_schedule(
+        11, 8, 400, ("leader", "controller", "follower", "any"), ("kill",), 3
+    )
     assert schedule and all(f.describe() in out for f in schedule)  # the seed reproduces it
     report = json.loads(out.split("report: ", 1)[1].splitlines()[0])
     assert report["seed"] == 11 and report["lost"] == 0 and report["problems"] == []
@@ -102,5 +106,8 @@ def test_hw_truncation_loses_acknowledged_records_and_says_which(tmp_path):
     assert lost and len(lost) == min(report["lost"], chaos_check.LOSS_EXAMPLES)
     for record in lost:
         assert chaos_check.parse_value(record["value"].encode()) is not None
-        assert f"acknowledged at offset {record['offset']} of chaos-{record['partition']}" in record["reason"]
+        assert (
+            f"acknowledged at offset {record['offset']} of chaos-{record['partition']}"
+            in record["reason"]
+        )
     assert any("did not have it" in r["reason"] for r in lost), [r["reason"] for r in lost]
