@@ -197,9 +197,18 @@ class SimBroker:
 
     def _on_request_timeout(self, kind, subject, followed) -> None:
         if kind == "isr":
-            # The runtime treats a store call that raised like a lost write (it may have landed).
+            # metadata.update_isr: the write raised (its answer may be lost while it landed):
+            # read the state back.
             self.trace(f"b{self.broker_id} isr write {list(subject.isr)} for {subject.topic}-"
-                       f"{subject.partition} unanswered: taken as failed")  # fmt: skip
+                       f"{subject.partition} unanswered: reading the state back")  # fmt: skip
+            corr = self.next_corr()
+            self.pending[corr] = ("isr-read", subject, None, self.now_ms() + self.config.request_timeout_ms)
+            self.send("zk", m.IsrReadBack(corr, subject))
+            return
+        if kind == "isr-read":
+            # The read raised too: ReplicaManager._apply_isr_write takes it as a failed write.
+            self.trace(f"b{self.broker_id} isr read-back for {subject.topic}-{subject.partition} "
+                       f"unanswered: taken as failed")  # fmt: skip
             self._apply_isr_result(subject, False, subject.zk_version)
             return
         if followed is not None and followed.inflight is not None:

@@ -130,6 +130,19 @@ class SimZk:
             return False, version
         return False, None
 
+    def read_back(self, update) -> tuple[bool, int | None]:
+        """metadata.update_isr after its write raised: did the write land?"""
+        found = self.states.get((update.topic, update.partition))
+        if found is None:
+            return False, None
+        current, version = found
+        if (current.leader, current.leader_epoch, current.isr) == (
+                update.leader, update.leader_epoch, tuple(update.isr)):  # fmt: skip
+            return True, version  # it landed: the answer was lost on the way back
+        if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
+            return False, version
+        return False, None
+
     # -- the network node -----------------------------------------------------------------------
 
     def receive(self, src, msg) -> bool:
@@ -140,6 +153,9 @@ class SimZk:
             self.sim.network.send("zk", src, m.HeartbeatResponse(msg.session, not alive))
         elif isinstance(msg, m.IsrWrite):
             ok, version = self.update_isr(msg.update)
+            self.sim.network.send("zk", src, m.IsrWriteResponse(msg.corr, ok, version))
+        elif isinstance(msg, m.IsrReadBack):
+            ok, version = self.read_back(msg.update)
             self.sim.network.send("zk", src, m.IsrWriteResponse(msg.corr, ok, version))
         else:
             raise AssertionError(f"zk: unexpected {msg!r}")
@@ -202,6 +218,12 @@ class SimController:
         for tp in sorted(self.leadership):
             self._add_leader_and_isr(tp, self.assignments[tp])
         self._trigger_online_partition_state_change()
+        # Replicas on brokers that died before this failover leave the ISR now (Kafka's
+        # ReplicaStateMachine.startup): no broker change will ever report them dead to us.
+        for tp, replicas in sorted(self.assignments.items()):
+            for replica in replicas:
+                if replica not in self.live:
+                    self._remove_replica_from_isr(tp, replica)
         self._send_batch()
 
     # -- the event loop: each tick plays the watches that fired ---------------------------------

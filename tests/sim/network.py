@@ -126,6 +126,14 @@ class IsrWrite:
 
 
 @dataclass(frozen=True, slots=True)
+class IsrReadBack:
+    """The leader reads the state back after its ISR write raised (the answer was lost)."""
+
+    corr: int
+    update: object
+
+
+@dataclass(frozen=True, slots=True)
 class IsrWriteResponse:
     corr: int
     ok: bool

@@ -29,11 +29,11 @@ UNCLEAN_SEEDS = 30
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
 KIP_SCENARIOS = ["kip101_scenario1", "kip101_scenario2", "kip279_fast_leader_changes"]
 KNOWN_BUGS = {
-    "isr_write_answer_lost": (
-        "runtime bug: ReplicaManager._apply_isr_write takes a store call that raised for a write "
-        "that did not land; when only the answer was lost (kazoo ConnectionLoss) the leader keeps "
-        "the old ISR while ZooKeeper holds the expanded one, and its HW (and acks=all) pass a "
-        "member the controller may elect"
+    "isr_write_and_read_back_lost": (
+        "runtime bug: when an ISR write raised and so did its read-back (ZooKeeper unreachable "
+        "for a while), ReplicaManager._apply_isr_write takes the write as not landed; the leader "
+        "keeps the old ISR while ZooKeeper may hold the expanded one, and its HW (and acks=all) "
+        "pass a member the controller may elect"
     ),
     "leader_bounce_during_controller_failover": (
         "a leader that restarts while no controller runs is sent its old epoch by the next "
