@@ -147,7 +147,9 @@ class SimBroker:
     def open_logs(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         recovery_points = read_partition_offsets(self.directory / RECOVERY_POINT_OFFSET_CHECKPOINT)
-        self.checkpointed_hw = read_partition_offsets(self.directory / REPLICATION_OFFSET_CHECKPOINT)
+        self.checkpointed_hw = read_partition_offsets(
+            self.directory / REPLICATION_OFFSET_CHECKPOINT
+        )
         for path in sorted(self.directory.iterdir()):
             tp = parse_partition_dir(path.name) if path.is_dir() else None
             if tp is not None:
@@ -155,8 +157,12 @@ class SimBroker:
                                          recovery_point=recovery_points.get(tp, 0))  # fmt: skip
 
     def checkpoint_high_watermarks(self) -> None:
-        self.checkpointed_hw.update({tp: h.state.high_watermark for tp, h in self.partitions.items()})
-        write_partition_offsets(self.directory / REPLICATION_OFFSET_CHECKPOINT, self.checkpointed_hw)
+        self.checkpointed_hw.update(
+            {tp: h.state.high_watermark for tp, h in self.partitions.items()}
+        )
+        write_partition_offsets(
+            self.directory / REPLICATION_OFFSET_CHECKPOINT, self.checkpointed_hw
+        )
 
     def checkpoint_recovery_points(self) -> None:
         points = {tp: lg.flush() for tp, lg in self.logs.items()}
@@ -184,7 +190,9 @@ class SimBroker:
             self.pump(tp)
         if now >= self.next_hw_checkpoint_ms:
             self.checkpoint_high_watermarks()
-            self.next_hw_checkpoint_ms = now + self.config.replica_high_watermark_checkpoint_interval_ms
+            self.next_hw_checkpoint_ms = (
+                now + self.config.replica_high_watermark_checkpoint_interval_ms
+            )
         if now >= self.next_flush_ms:
             self.checkpoint_recovery_points()
             self.next_flush_ms = now + self.config.log_flush_offset_checkpoint_interval_ms
@@ -202,7 +210,12 @@ class SimBroker:
             self.trace(f"b{self.broker_id} isr write {list(subject.isr)} for {subject.topic}-"
                        f"{subject.partition} unanswered: reading the state back")  # fmt: skip
             corr = self.next_corr()
-            self.pending[corr] = ("isr-read", subject, None, self.now_ms() + self.config.request_timeout_ms)
+            self.pending[corr] = (
+                "isr-read",
+                subject,
+                None,
+                self.now_ms() + self.config.request_timeout_ms,
+            )
             self.send("zk", m.IsrReadBack(corr, subject))
             return
         if kind == "isr-read":
@@ -256,9 +269,13 @@ class SimBroker:
 
     def _apply_partition_state(self, state: m.PartitionStateMsg) -> int:
         hosted = self.partitions.get(state.tp)
-        if hosted is not None and state.leader_epoch <= hosted.state.leader_epoch and not (
-            state.leader_epoch == hosted.state.leader_epoch
-            and state.zk_version > hosted.state.zk_version
+        if (
+            hosted is not None
+            and state.leader_epoch <= hosted.state.leader_epoch
+            and not (
+                state.leader_epoch == hosted.state.leader_epoch
+                and state.zk_version > hosted.state.zk_version
+            )
         ):
             return ErrorCode.stale_controller_epoch
         if self.broker_id not in state.replicas:
@@ -275,7 +292,8 @@ class SimBroker:
             lg = self.get_or_create_log(tp)
             hosted = Hosted(Partition(tp[0], tp[1], self.broker_id), lg)
             hosted.state.high_watermark = max(
-                lg.log_start_offset, min(self.checkpointed_hw.get(tp, 0), lg.log_end_offset))
+                lg.log_start_offset, min(self.checkpointed_hw.get(tp, 0), lg.log_end_offset)
+            )
             hosted.state.log_start_offset = lg.log_start_offset
             hosted.state.log_end_offset = lg.log_end_offset
             self.partitions[tp] = hosted
@@ -333,7 +351,9 @@ class SimBroker:
 
     def _still_following(self, tp, followed: Followed) -> bool:
         hosted = self.partitions.get(tp)
-        return self.followed.get(tp) is followed and hosted is not None and not hosted.state.is_leader
+        return (
+            self.followed.get(tp) is followed and hosted is not None and not hosted.state.is_leader
+        )
 
     def _request(self, kind, tp, followed: Followed, msg_factory) -> None:
         corr = self.next_corr()
@@ -423,7 +443,9 @@ class SimBroker:
             self.pump(tp)
             return
         if msg.error == ErrorCode.offset_out_of_range:
-            self._request("end", tp, followed, lambda corr: m.ListOffsets(corr, self.broker_id, tp, -1))
+            self._request(
+                "end", tp, followed, lambda corr: m.ListOffsets(corr, self.broker_id, tp, -1)
+            )
             return
         followed.backoff_until_ms = self.now_ms() + self.config.fetch_backoff_ms
 
@@ -443,7 +465,9 @@ class SimBroker:
                 self.truncate_follower(tp, msg.offset)
                 self.pump(tp)
             else:
-                self._request("start", tp, followed, lambda corr: m.ListOffsets(corr, self.broker_id, tp, -2))
+                self._request(
+                    "start", tp, followed, lambda corr: m.ListOffsets(corr, self.broker_id, tp, -2)
+                )
             return
         truncated(lg)
         lg.truncate_fully_and_start_at(msg.offset)
@@ -511,7 +535,9 @@ class SimBroker:
         return m.FetchResponse(request.corr, request.tp, NONE, hw, lg.log_start_offset,
                                result.tobytes())  # fmt: skip
 
-    def handle_offset_for_leader_epoch(self, msg: m.OffsetForLeaderEpoch) -> m.OffsetForLeaderEpochResponse:
+    def handle_offset_for_leader_epoch(
+        self, msg: m.OffsetForLeaderEpoch
+    ) -> m.OffsetForLeaderEpochResponse:
         hosted, error = self._leader_error(msg.tp, msg.current_leader_epoch)
         if hosted is None:
             return m.OffsetForLeaderEpochResponse(msg.corr, msg.tp, error, -1, -1)

@@ -99,7 +99,9 @@ class SimZk:
                                controller_epoch: int) -> int | None:  # fmt: skip
         """The controller's conditional write, fenced by the controller epoch."""
         if controller_epoch != self.controller_epoch:
-            raise ControllerMovedError(f"controller epoch {controller_epoch} is not {self.controller_epoch}")
+            raise ControllerMovedError(
+                f"controller epoch {controller_epoch} is not {self.controller_epoch}"
+            )
         current = self.states.get(tp)
         if current is None:
             if version != -1:
@@ -214,7 +216,9 @@ class SimController:
             lead = self.leadership.get(tp)
             if lead is not None:
                 led = lead[0].leader in self.live
-                self.partition_states.move(tp, PartitionState.ONLINE if led else PartitionState.OFFLINE)
+                self.partition_states.move(
+                    tp, PartitionState.ONLINE if led else PartitionState.OFFLINE
+                )
         for tp in sorted(self.leadership):
             self._add_leader_and_isr(tp, self.assignments[tp])
         self._trigger_online_partition_state_change()
@@ -341,7 +345,9 @@ class SimController:
             return False
         self.leadership[tp] = (state, version)
         self._add_leader_and_isr(tp, self.assignments[tp])
-        self.sim.trace(f"controller: {tp[0]}-{tp[1]} created: leader b{live[0]} epoch 0 isr {list(live)}")
+        self.sim.trace(
+            f"controller: {tp[0]}-{tp[1]} created: leader b{live[0]} epoch 0 isr {list(live)}"
+        )
         return True
 
     def _decide(self, tp, election: str):
@@ -355,7 +361,9 @@ class SimController:
                 return leader, (leader,)
             return leader, tuple(r for r in current.isr if r in live)
         if election == "preferred":
-            return preferred_replica_partition_leader_election(assignment, current.isr, live), current.isr
+            return preferred_replica_partition_leader_election(
+                assignment, current.isr, live
+            ), current.isr
         raise AssertionError(election)
 
     def _elect(self, tp, election: str) -> bool:
@@ -382,7 +390,9 @@ class SimController:
         if current.leader != NO_LEADER:
             state = ZkPartitionState(NO_LEADER, current.leader_epoch + 1, current.isr, self.epoch)
             self._write(tp, state)
-            self.sim.trace(f"controller: {tp[0]}-{tp[1]} offline, no live replica in isr {list(current.isr)}")
+            self.sim.trace(
+                f"controller: {tp[0]}-{tp[1]} offline, no live replica in isr {list(current.isr)}"
+            )
 
     def _remove_replica_from_isr(self, tp, replica: int) -> None:
         for _ in range(MAX_WRITE_ATTEMPTS):

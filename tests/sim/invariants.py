@@ -131,7 +131,9 @@ class InvariantChecker:
     def on_leader(self, broker_id: int, tp, epoch: int) -> None:
         other = self.leaders.setdefault((tp, epoch), broker_id)
         if other != broker_id:
-            self.fail("two-leaders", f"{tp[0]}-{tp[1]} epoch {epoch}: b{other} and b{broker_id} both led")
+            self.fail(
+                "two-leaders", f"{tp[0]}-{tp[1]} epoch {epoch}: b{other} and b{broker_id} both led"
+            )
 
     def on_ack(self, tp, offset: int, value: bytes) -> None:
         acked = self.sim.acked.setdefault(tp, {})
@@ -152,7 +154,10 @@ class InvariantChecker:
                 self._check_offsets(broker.broker_id, tp, hosted)
         for tp, (state, _) in sim.zk.states.items():
             if state.leader >= 0 and state.leader not in state.isr:
-                self.fail("leader-not-in-isr", f"{tp[0]}-{tp[1]}: leader b{state.leader} not in isr {list(state.isr)}")
+                self.fail(
+                    "leader-not-in-isr",
+                    f"{tp[0]}-{tp[1]}: leader b{state.leader} not in isr {list(state.isr)}",
+                )
             leader = self.acting_leader(tp)
             if leader is None:
                 continue
@@ -167,7 +172,11 @@ class InvariantChecker:
         host = self.sim.hosts.get(state[0].leader)
         broker = host.incarnation if host else None
         hosted = broker.partitions.get(tp) if broker else None
-        if hosted is None or not hosted.state.is_leader or hosted.state.leader_epoch != state[0].leader_epoch:
+        if (
+            hosted is None
+            or not hosted.state.is_leader
+            or hosted.state.leader_epoch != state[0].leader_epoch
+        ):
             return None
         return broker, hosted
 
@@ -220,7 +229,7 @@ class InvariantChecker:
             mine = batches_below(lview, hw)
             theirs = batches_below(mview, hw)
             if mview.end < hw or mine != theirs:
-                at = next((b[0] for b, c in zip(mine, theirs) if b != c), mview.end)
+                at = next((b[0] for b, c in zip(mine, theirs, strict=False) if b != c), mview.end)
                 self.fail("strong-isr", f"{tp[0]}-{tp[1]}: leader b{broker.broker_id} (epoch "
                           f"{hosted.state.leader_epoch}, hw {hw}) and isr member b{member} "
                           f"(log end {mview.end}) differ below the hw, first at offset {at}: "

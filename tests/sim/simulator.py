@@ -118,9 +118,13 @@ class Client:
         if msg.error == ErrorCode.none and request.acks == -1:
             for i, value in enumerate(request.values):
                 self.sim.checker.on_ack(msg.tp, msg.base_offset + i, value)
-            self.sim.trace(f"client: acked {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}")
+            self.sim.trace(
+                f"client: acked {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}"
+            )
         elif msg.error == ErrorCode.none:
-            self.sim.trace(f"client: acks=1 {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}")
+            self.sim.trace(
+                f"client: acks=1 {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}"
+            )
         else:
             self.sim.trace(f"client: {names} failed: {ErrorCode(msg.error).name} from b{src}")
         return True
@@ -371,7 +375,7 @@ class Simulator:
         self.trace("HEAL: faults stop; everything restarts, resumes and reconnects")
         self.network.heal()
         self.network.drop_rate = 0.0
-        for b, host in sorted(self.hosts.items()):
+        for _, host in sorted(self.hosts.items()):
             if not host.alive:
                 host.start()
             elif host.paused:
@@ -482,7 +486,9 @@ class ScenarioRunner:
 
     def __init__(self, protocol: str):
         self.protocol = protocol
-        self.config = SimConfig(replica_lag_time_max_ms=100_000, zookeeper_session_timeout_ms=100_000)
+        self.config = SimConfig(
+            replica_lag_time_max_ms=100_000, zookeeper_session_timeout_ms=100_000
+        )
         self.sim: Simulator | None = None
         self.output: list[str] = []
         self.expected: dict[str, set[str]] = {}
@@ -497,7 +503,7 @@ class ScenarioRunner:
             try:
                 getattr(self, "do_" + words[0].replace("-", "_"))(*words[1:])
             except InvariantViolation:
-                raise AssertionError("unreachable: scenarios collect violations")
+                raise AssertionError("unreachable: scenarios collect violations") from None
             except Exception as e:
                 raise ValueError(f"scenario line {number}: {raw!r}: {type(e).__name__}: {e}") from e
         self.do_check_acked()
@@ -542,7 +548,11 @@ class ScenarioRunner:
         replicas = zk.assignments[tp_]
         leader, epoch, isr = int(opts["leader"]), int(opts["epoch"]), _ids(opts["isr"])
         found = zk.states.get(tp_)
-        if found is None or (found[0].leader, found[0].leader_epoch, found[0].isr) != (leader, epoch, isr):
+        if found is None or (found[0].leader, found[0].leader_epoch, found[0].isr) != (
+            leader,
+            epoch,
+            isr,
+        ):
             version = zk.update_partition_state(tp_, m_state(leader, epoch, isr),
                                                 found[1] if found else -1, zk.controller_epoch)  # fmt: skip
         else:
@@ -551,9 +561,11 @@ class ScenarioRunner:
         self._corr += 1
         state = m.PartitionStateMsg(tp_[0], tp_[1], leader, epoch, isr, version, replicas)
         self.sim.trace(f"elect {tp}: leader b{leader} epoch {epoch} isr {list(isr)} (v{version}), "
-                       f"sent to {['b%d' % b for b in to]}")  # fmt: skip
+                       f"sent to {[f'b{b}' for b in to]}")  # fmt: skip
         for b in to:
-            self.sim.network.send("controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (state,)))
+            self.sim.network.send(
+                "controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (state,))
+            )
 
     def do_produce(self, tp: str, values: str, *args: str) -> None:
         opts = dict(a.split("=", 1) for a in args)
@@ -667,13 +679,15 @@ def parse_scenario(text: str) -> tuple[str, dict[str, str]]:
     script, golden, current = [], {}, None
     for line in text.splitlines():
         if line.startswith(OUTPUT_MARK):
-            current = line[len(OUTPUT_MARK):].strip(" =")
+            current = line[len(OUTPUT_MARK) :].strip(" =")
             golden[current] = []
         elif current is None:
             script.append(line)
         else:
             golden[current].append(line)
-    return "\n".join(script).rstrip() + "\n", {k: "\n".join(v).strip("\n") for k, v in golden.items()}
+    return "\n".join(script).rstrip() + "\n", {
+        k: "\n".join(v).strip("\n") for k, v in golden.items()
+    }
 
 
 def run_scenario(path: Path, protocol: str) -> ScenarioRun:
@@ -747,12 +761,18 @@ def run_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", default="0:100", help="N, or A:B for the range [A, B)")
-    parser.add_argument("--protocol", default="leader-epoch", choices=["leader-epoch", "hw-truncation"])
+    parser.add_argument(
+        "--protocol", default="leader-epoch", choices=["leader-epoch", "hw-truncation"]
+    )
     parser.add_argument("--trace", action="store_true", help="print the whole trace of each seed")
     parser.add_argument("--lossy-zk", action="store_true", help="the store's answers can be lost")
-    parser.add_argument("--unclean", action="store_true", help="unclean.leader.election.enable=true")
+    parser.add_argument(
+        "--unclean", action="store_true", help="unclean.leader.election.enable=true"
+    )
     parser.add_argument("--update-golden", action="store_true", help="rewrite the scenario files")
     parser.add_argument("--scenarios", action="store_true", help="run the scenario files")
     args = parser.parse_args(argv)
