@@ -241,6 +241,8 @@ class SimBroker:
             self.handle_produce(src, msg)
         elif isinstance(msg, m.LeaderAndIsr):
             self.send(src, self.become_leader_or_follower(msg))
+        elif isinstance(msg, m.StopReplica):
+            self.send(src, self.stop_replicas(msg))
         elif isinstance(msg, m.OffsetForLeaderEpoch):
             self.send(src, self.handle_offset_for_leader_epoch(msg))
         elif isinstance(msg, m.OffsetForLeaderEpochResponse):
@@ -285,6 +287,26 @@ class SimBroker:
         else:
             self.make_follower(state)
         return NONE
+
+    def stop_replicas(self, request: m.StopReplica) -> m.LeaderAndIsrResponse:
+        """ReplicaManager.stop_replicas without delete: stop fetching and hosting; keep the log."""
+        if request.controller_epoch < self.controller_epoch:
+            return m.LeaderAndIsrResponse(request.corr, ErrorCode.stale_controller_epoch)
+        self.controller_epoch = request.controller_epoch
+        for tp in request.partitions:
+            self.followed.pop(tp, None)
+            self._complete(self.purgatory.on_leadership_lost(tp))
+            self.partitions.pop(tp, None)
+            self.trace(f"b{self.broker_id} stopped replica {tp[0]}-{tp[1]}")
+        self.wake_parked()
+        return m.LeaderAndIsrResponse(request.corr, NONE)
+
+    def close(self) -> None:
+        """Clean shutdown (ReplicaManager.close): flush, checkpoint, close every log."""
+        self.checkpoint_recovery_points()
+        self.checkpoint_high_watermarks()
+        for lg in self.logs.values():
+            lg.close()
 
     def _hosted(self, tp: TopicPartition) -> Hosted:
         hosted = self.partitions.get(tp)
@@ -655,6 +677,12 @@ class BrokerHost:
         self.paused = False
         self.held.clear()
         self.sim.zk.drop_session(self.broker_id)  # the kernel drops the session's lock
+
+    def shutdown(self) -> None:
+        """A clean shutdown: checkpoints written, logs closed (no recovery on restart)."""
+        if self.incarnation is not None:
+            self.incarnation.close()
+        self.crash()
 
     def pause(self) -> None:
         self.paused = True

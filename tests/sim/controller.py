@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from localcluster.controller.elections import (
+    controlled_shutdown_partition_leader_election,
     offline_partition_leader_election,
     preferred_replica_partition_leader_election,
 )
@@ -188,6 +189,8 @@ class SimController:
         self.partition_states = partition_states()
         self.replica_states = replica_states()
         self.queues: dict[int, _BrokerQueue] = {}
+        self.shutting_down: set[int] = set()
+        self._stop_replica: dict[int, set] = {}
         self._corr = self.epoch * CORR_PER_EPOCH  # answers find their controller by corr
         self.notices_moved_at_ms = 0  # a zombie learns of its successor only at this time
         self._batch: dict[int, dict[TopicPartition, m.PartitionStateMsg]] = {}
@@ -273,6 +276,7 @@ class SimController:
         new = (set(current) - set(self.live)) | bounced
         self.live = current
         for broker in sorted(dead):
+            self.shutting_down.discard(broker)
             self.queues.pop(broker, None)
         for broker in sorted(new):
             self.queues[broker] = _BrokerQueue(current[broker])
@@ -302,6 +306,30 @@ class SimController:
                     self._add_leader_and_isr(tp, [broker])
         self._trigger_online_partition_state_change()
         self._send_batch()
+
+    def controlled_shutdown(self, broker: int) -> list:
+        """topic_operations.controlled_shutdown: move leadership off `broker`, take it out of
+        every ISR (StopReplica without delete); answer what it still leads."""
+        if not self.active or broker not in self.live:
+            return []
+        try:
+            self.shutting_down.add(broker)
+            self.sim.trace(f"controller: b{broker} is shutting down (controlled)")
+            for tp in self._partitions_on(broker):
+                lead = self.leadership.get(tp)
+                if lead is None:
+                    continue
+                if lead[0].leader == broker:
+                    if len(self.assignments[tp]) > 1:
+                        self._elect(tp, "controlled shutdown")
+                else:
+                    self._remove_replica_from_isr(tp, broker)
+                    self._stop_replica.setdefault(broker, set()).add(tp)
+            self._send_batch()
+        except ControllerMovedError:
+            self.active = False
+            return []
+        return sorted(tp for tp, (st, _) in self.leadership.items() if st.leader == broker)
 
     def preferred_election(self, tp) -> None:
         """Run the preferred replica election for one partition (an admin request)."""
@@ -333,7 +361,7 @@ class SimController:
                 self.partition_states.move(tp, PartitionState.ONLINE)
 
     def _initialize_leader_and_isr(self, tp) -> bool:
-        live = self._live_replicas(tp)
+        live = [r for r in self._live_replicas(tp) if r not in self.shutting_down]
         if not live:
             return False
         if tp in self.zk.states:
@@ -355,11 +383,16 @@ class SimController:
         assignment = self.assignments[tp]
         live = set(self.live)
         if election == "offline":
-            leader = offline_partition_leader_election(assignment, current.isr, live,
+            leader = offline_partition_leader_election(assignment, current.isr, live - self.shutting_down,
                                                        self.config.unclean_leader_election_enable)  # fmt: skip
             if leader is not None and leader not in current.isr:
                 return leader, (leader,)
             return leader, tuple(r for r in current.isr if r in live)
+        if election == "controlled shutdown":
+            leader = controlled_shutdown_partition_leader_election(
+                assignment, current.isr, live, self.shutting_down
+            )
+            return leader, tuple(r for r in current.isr if r not in self.shutting_down)
         if election == "preferred":
             return preferred_replica_partition_leader_election(
                 assignment, current.isr, live
@@ -457,7 +490,13 @@ class SimController:
             self._corr += 1
             queue.queue.append(m.LeaderAndIsr(self._corr, self.epoch,
                                               tuple(states[k] for k in sorted(states))))  # fmt: skip
+        for broker, tps in sorted(self._stop_replica.items()):
+            queue = self.queues.get(broker)
+            if queue is not None:
+                self._corr += 1
+                queue.queue.append(m.StopReplica(self._corr, self.epoch, tuple(sorted(tps))))
         self._batch.clear()
+        self._stop_replica.clear()
         self._pump_channels()
 
     def _pump_channels(self) -> None:

@@ -40,6 +40,15 @@ class LeaderAndIsr:
 
 
 @dataclass(frozen=True, slots=True)
+class StopReplica:
+    """Stop fetching and hosting these partitions (without deleting their logs)."""
+
+    corr: int
+    controller_epoch: int
+    partitions: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LeaderAndIsrResponse:
     corr: int
     error: int

@@ -293,8 +293,10 @@ class Simulator:
         troubled = [b for b, h in self.hosts.items() if not h.alive or h.paused]
         healthy = [b for b in ids if b not in troubled]
         kind = rng.choice(["crash", "crash", "pause", "pause", "isolate", "cut", "drop",
-                           "controller", "zombie", "preferred", "none"])  # fmt: skip
-        if kind in ("crash", "pause", "isolate") and (len(troubled) >= 2 or not healthy):
+                           "controller", "zombie", "preferred", "shutdown", "none"])  # fmt: skip
+        if kind in ("crash", "pause", "isolate", "shutdown") and (
+            len(troubled) >= 2 or not healthy
+        ):
             kind = "none"
         self.faults += kind != "none"
         if kind == "crash":
@@ -339,6 +341,13 @@ class Simulator:
                        f"until {old.notices_moved_at_ms} ms")  # fmt: skip
             self.controller_host.zombies.append(old)
             self.start_controller()
+        elif kind == "shutdown":
+            b = rng.choice(healthy)
+            controller = self.controller_host.controller
+            self.trace(f"FAULT controlled shutdown of b{b}")
+            if controller is not None:
+                controller.controlled_shutdown(b)
+            self.scheduler.after(rng.randint(5, 60), self._shutdown, b)
         elif kind == "preferred":
             controller = self.controller_host.controller
             tp = rng.choice(self._tps())
@@ -350,6 +359,12 @@ class Simulator:
         if not self.hosts[b].alive:
             self.trace(f"restart b{b}")
             self.hosts[b].start()
+
+    def _shutdown(self, b) -> None:
+        if self.hosts[b].alive and not self.hosts[b].paused:
+            self.trace(f"b{b} shuts down cleanly")
+            self.hosts[b].shutdown()
+            self.scheduler.after(self.rng.randint(20, 400), self._restart, b)
 
     def _resume(self, b) -> None:
         if self.hosts[b].paused:
