@@ -76,6 +76,9 @@ sim: $(VENV)/.installed-test
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.storage
 	$(BIN)/python -m bench.coord
+	$(BIN)/python -m bench.broker
+	$(BIN)/python -m bench.commit
+	$(BIN)/python -m bench.failover
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check localcluster tests bench

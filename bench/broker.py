@@ -287,7 +287,7 @@ class Scale:
     repeats: int
 
 
-FULL = Scale(records=3_000_000, repeats=3)
+FULL = Scale(records=2_000_000, repeats=3)
 QUICK = Scale(records=300_000, repeats=1)
 TOPIC = "bench-broker"
 # Our client: records per prebuilt batch (~64 KiB); confluent-kafka: librdkafka's batch.size
@@ -540,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     install_sigterm()
 
     batch = build_batch(BATCH_RECORDS)
+    load_before = os.getloadavg()
+    if load_before[0] > 1.0:
+        print_note(f"[yellow]load average {load_before[0]:.2f} before the run on {os.cpu_count()} cores: "
+                   f"other work competes for the CPU and the figures will be low[/]")  # fmt: skip
     cluster = Cluster({"auto.create.topics.enable": "false"})
     rows: list[dict] = []
     try:
@@ -547,25 +551,32 @@ def main(argv: list[str] | None = None) -> int:
         (broker,) = cluster.start([0])
         create_topic(broker.bootstrap, TOPIC, 1, 1)
         boot = broker.bootstrap
-        limits, ck_runs, our_runs, cpu = [], [], [], {"confluent-kafka": [], "our client": []}
+        limits, ck_runs, our_runs = [], [], []
+
+        def measured(target, *worker_args) -> dict:
+            """The worker's result plus the broker's CPU seconds over the worker's life (the
+            broker is idle while the worker starts, so per timed second it is the broker's
+            load) and the whole machine's busy cores over the same span."""
+            meter = CpuMeter({"broker": broker.pid})
+            meter.start()
+            result = run_worker(target, *worker_args)
+            meter.stop()
+            result["broker_cpu_s"] = meter.used["broker"]
+            result["machine_cores_whole_worker"] = meter.machine_cores
+            return result
+
         for _run in range(repeats):
             limits.append(storage_append_limit(batch, BATCH_RECORDS, records))
-            for name, target, extra, runs in (
-                ("confluent-kafka", ck_produce_worker, ("1", CK_PRODUCER), ck_runs),
-                ("our client", our_produce_worker, (1, BATCH_RECORDS), our_runs),
-            ):
-                meter = CpuMeter({"broker": broker.pid})
-                meter.start()
-                runs.append(run_worker(target, boot, TOPIC, 0, records, *extra))
-                meter.stop()
-                cpu[name].append({"broker_cpu_s": meter.used["broker"], "wall_s": meter.wall_s})
+            ck_runs.append(measured(ck_produce_worker, boot, TOPIC, 0, records, "1", CK_PRODUCER))
+            our_runs.append(measured(our_produce_worker, boot, TOPIC, 0, records, 1, BATCH_RECORDS))
         produced = end_offset(boot, TOPIC, 0)
         expected = sum(r["records"] + r.get("warmup_records", 0) for r in ck_runs + our_runs)
+        fetched = min(produced, records)  # offsets [0, fetched): one produce run's worth
         read_limits, ck_fetch, our_fetch = [], [], []
-        for _run in range(repeats):
-            read_limits.append(storage_read_limit(batch, BATCH_RECORDS, produced))
-            ck_fetch.append(run_worker(ck_fetch_worker, boot, TOPIC, 0, produced))
-            our_fetch.append(run_worker(our_fetch_worker, boot, TOPIC, 0, produced))
+        for _run in range(min(repeats, 2)):
+            read_limits.append(storage_read_limit(batch, BATCH_RECORDS, fetched))
+            ck_fetch.append(measured(ck_fetch_worker, boot, TOPIC, 0, fetched))
+            our_fetch.append(measured(our_fetch_worker, boot, TOPIC, 0, fetched))
         elapsed = time.perf_counter() - t0
     finally:
         cluster.close()
@@ -588,31 +599,35 @@ def main(argv: list[str] | None = None) -> int:
     for i, row in enumerate(rows):
         if i == 3:
             table.append(None)
-        client_cpu = ""
+        cpu_cells = ["", "", ""]
         runs = row["runs"]
         if "cpu_s" in runs[0]:
             fastest = max(runs, key=lambda r: r["records"] / r["seconds"])
-            client_cpu = f"{fastest['cpu_s'] / fastest['seconds']:.2f}"
+            cpu_cells = [f"{fastest['cpu_s'] / fastest['seconds']:.2f}",
+                         f"{fastest['broker_cpu_s'] / fastest['seconds']:.2f}",
+                         f"{fastest['machine_cores_whole_worker']:.2f}"]  # fmt: skip
         table.append((row["variant"], f"{row['records_per_s']:,.0f}", f"{row['mb_per_s']:,.1f}",
-                      f"{row.get('ratio_vs_storage', 1):.0%}", client_cpu))  # fmt: skip
+                      f"{row.get('ratio_vs_storage', 1):.0%}", *cpu_cells))  # fmt: skip
     print_table(
         f"One broker, RF 1, {RECORD_VALUE_BYTES}-byte records, best of {repeats} ({records:,} records per produce run)",
-        ["variant", "records/s", "MB/s (values)", "vs storage", "client cores"],
+        ["variant", "records/s", "MB/s", "vs storage", "client CPU", "broker CPU", "machine CPU"],
         table,
         note=(f"Produce rows are compared with the Log.append row, fetch rows with the Log.read + sendfile "
               f"row, all from this run. Our client sends prebuilt {BATCH_RECORDS}-record batches "
               f"({len(batch):,} bytes); confluent-kafka: {CK_PRODUCER['batch.size']}-byte batch.size, "
-              f"linger.ms {CK_PRODUCER['linger.ms']}. 'client cores' = the client process's CPU "
-              f"seconds over its timed run (1.00 = one core). Broker CPU per produce run is in the JSON. "
+              f"linger.ms {CK_PRODUCER['linger.ms']}. CPU in cores (1.00 = one core busy): 'client' the "
+              f"client process over its timed run (os.times), 'broker' the broker's CPU seconds (/proc) "
+              f"over the worker's life per timed second, 'machine' every process on the box (/proc/stat) "
+              f"over the worker's life, start-up included: what is not ours is other people's work. "
               f"{os.cpu_count()} cores: broker and client process share them; the storage rows run "
-              f"in this process with nothing else of ours running. Partition end offset {produced:,}"
-              f" (expected {expected:,})."),
+              f"in this process. Fetch rows read offsets [0, {fetched:,}); partition end offset "
+              f"{produced:,} (expected {expected:,})."),
     )  # fmt: skip
     path = write_results("broker", {
         "config": {"records_per_run": records, "repeats": repeats, "record_value_bytes": RECORD_VALUE_BYTES,
                    "our_batch_records": BATCH_RECORDS, "our_batch_bytes": len(batch),
                    "confluent_kafka_producer": CK_PRODUCER, "elapsed_s": elapsed},
-        "rows": rows, "broker_cpu": cpu,
+        "rows": rows, "fetched_records": fetched, "load_average_before": load_before,
         "end_offset": produced, "expected_end_offset": expected,
     }, to_stdout=args.json)  # fmt: skip
     print_note(f"results: {path}")

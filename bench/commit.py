@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         "--batch-records", type=int, default=580, help="records per batch (~64 KiB)"
     )
     parser.add_argument(
-        "--outstanding", type=int, default=8, help="batches outstanding per process"
+        "--outstanding", type=int, default=16, help="batches outstanding per process"
     )
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
 
     acks1["label"], full["label"] = "acks=1, full speed", "acks=all, full speed"
-    half["label"] = f"acks=all, half rate ({half['target_records_per_s']:,.0f}/s target)"
+    half["label"] = f"acks=all, {half['target_records_per_s']:,.0f}/s"
     runs = [acks1, full, half]
 
     def lat(run, key):
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{run['machine_busy_cores']:.2f}",
         )
 
-    rows = [("raw 3-copy limit (Unix sockets, sendfile, mmaps)", f"{raw['records_per_s']:,.0f}",
+    rows = [("raw 3-copy limit", f"{raw['records_per_s']:,.0f}",
              f"{raw['mb_per_s']:,.1f}", "100%", "", "", "", "", "", "")]  # fmt: skip
     for run in runs:
         broker_c, load_c, machine_c = cores(run)
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                      lat(run, "p99.9"), broker_c, load_c, machine_c))  # fmt: skip
     print_table(
         f"acks=all commit path: RF 3 on 3 brokers, {args.partitions} partitions, {RECORD_VALUE_BYTES}-byte records, {run_s:g} s per run",
-        ["run", "records/s", "MB/s", "vs raw", "p50 ms", "p99 ms", "p99.9 ms", "brokers", "load", "machine"],
+        ["run", "records/s", "MB/s", "vs raw", "p50 ms", "p99 ms", "p99.9 ms", "brokers CPU", "load CPU", "machine CPU"],
         rows,
         note=(f"Load: {args.producers} processes of our client, send_batch of prebuilt {args.batch_records}-record "
               f"batches ({len(batch):,} bytes), at most {args.outstanding} batches outstanding per process; "
@@ -457,14 +457,18 @@ def main(argv: list[str] | None = None) -> int:
     goals = [
         {"goal": f">= {GOAL_RECORDS_PER_S:,} records/s at acks=all", "value": full["records_per_s"],
          "met": full["records_per_s"] >= GOAL_RECORDS_PER_S, "shown": f"{full['records_per_s']:,.0f}"},
-        {"goal": f"p99 <= {GOAL_P99_MS:g} ms at half the max rate ({half['records_per_s']:,.0f}/s achieved)",
+        {"goal": f"p99 <= {GOAL_P99_MS:g} ms at half rate ({half['records_per_s']:,.0f}/s)",
          "value": half["latency_ms"]["p99"], "met": half["latency_ms"]["p99"] <= GOAL_P99_MS,
          "shown": f"{half['latency_ms']['p99']:.2f} ms"},
     ]  # fmt: skip
+    note = None
     if full["records_per_s"] < GOAL_RECORDS_PER_S:
-        goals[1]["goal"] += f"; the goal's rate, {GOAL_RECORDS_PER_S // 2:,}/s, was not reachable"
+        note = (f"The goal's half rate, {GOAL_RECORDS_PER_S // 2:,}/s, was above this run's acks=all maximum; "
+                f"p99 is reported at half of what was reached.")  # fmt: skip
+        goals[1]["note"] = note
     print_table("Goals (issue 5)", ["goal", "measured", ""],
-                [(g["goal"], g["shown"], "[green]pass[/]" if g["met"] else "[red]miss[/]") for g in goals])  # fmt: skip
+                [(g["goal"], g["shown"], "[green]pass[/]" if g["met"] else "[red]miss[/]") for g in goals],
+                note=note)  # fmt: skip
     for run in runs:
         for worker in run["workers"]:
             worker.pop("histogram", None)
