@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 TopicPartition = tuple[str, int]
+ISR_WRITE_RETRY_S = 0.5
 # Writes `IsrUpdate` to the store: (succeeded, zk_version now) with None when fenced.
 IsrWriter = Callable[[IsrUpdate], Awaitable[tuple[bool, int | None]]]
 
@@ -449,8 +450,13 @@ class ReplicaManager:
         try:
             ok, version = await self.isr_writer(update)
         except Exception as e:
-            log.warning("%s-%d: writing ISR %s failed (%s); will retry", *tp, list(update.isr), e)
-            ok, version = False, update.zk_version
+            # The outcome is unknown (the write and its read-back both failed). Keep the
+            # proposal pending, so the HW keeps counting any member it adds, and ask again:
+            # the same conditional write either lands now or finds that it had landed.
+            log.warning("%s-%d: ISR %s may or may not be written (%s); checking again in %.1f s",
+                        *tp, list(update.isr), e, ISR_WRITE_RETRY_S)  # fmt: skip
+            asyncio.get_running_loop().call_later(ISR_WRITE_RETRY_S, self._retry_isr_write, update)
+            return
         hosted = self.partitions.get(tp)
         if hosted is None or hosted.state.leader_epoch != update.leader_epoch:
             return
@@ -460,6 +466,12 @@ class ReplicaManager:
                 self._on_high_watermark_moved(tp)
         else:
             hosted.state.on_isr_update_failed(version)
+
+    def _retry_isr_write(self, update: IsrUpdate) -> None:
+        hosted = self.partitions.get((update.topic, update.partition))
+        if hosted is not None and hosted.state.pending_isr == update.isr and (
+                hosted.state.leader_epoch == update.leader_epoch):  # fmt: skip
+            self._write_isr(update)
 
     # -- fetch --------------------------------------------------------------------------------
 
