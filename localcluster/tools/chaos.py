@@ -582,13 +582,15 @@ def start_cluster(cluster_dir: Path, brokers: int, settings: dict[str, str]) -> 
                                    f"{(result.stderr or result.stdout).strip()}")  # fmt: skip
 
 
-def stop_cluster(cluster_dir: Path, children: list) -> None:
-    """down --purge; then SIGKILL by process group whatever still runs; reap our children."""
+def stop_cluster(cluster_dir: Path, children: list, keep: bool = False) -> None:
+    """down --purge (keep: plain down, the dir and logs stay for a post-mortem); then SIGKILL by
+    process group whatever still runs; reap our children."""
     spec = None
     with contextlib.suppress(cluster.ClusterError):
         spec = cluster.load_spec(cluster_dir)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        cli("down", "--purge", "--timeout", "10", "--dir", str(cluster_dir), timeout_s=60)
+        purge = () if keep else ("--purge",)
+        cli("down", *purge, "--timeout", "10", "--dir", str(cluster_dir), timeout_s=60)
     pids = (
         list(cluster.live_brokers(cluster_dir, spec).values())
         if spec and cluster_dir.exists()
@@ -604,6 +606,8 @@ def stop_cluster(cluster_dir: Path, children: list) -> None:
     for process in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5)
+    if keep:
+        return
     with contextlib.suppress(Exception):
         cluster.purge(cluster_dir, spec)
     shutil.rmtree(cluster_dir, ignore_errors=True)
@@ -641,7 +645,8 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
               faults=("kill",), seed: int | None = None, cluster_dir: Path | None = None,
               settings: dict[str, str] | None = None, brokers: int = 3, partitions: int = 3,
               replication_factor: int = 3, min_insync_replicas: int = 2, rate: int = 1000,
-              max_down: int | None = None, topic: str | None = None, say=print) -> dict:  # fmt: skip
+              max_down: int | None = None, topic: str | None = None, keep: bool = False,
+              say=print) -> dict:  # fmt: skip
     """Run the chaos and return the report (see docs/chaos.md). `say` gets the progress lines."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     settings = dict(settings or {})
@@ -726,7 +731,10 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
                     engine.recover_all()
             engine.close()
         if own_dir:
-            stop_cluster(cluster_dir, children)
+            stop_cluster(cluster_dir, children, keep)
+            if keep:
+                say(f"chaos: kept the stopped cluster in {cluster_dir} (broker logs, store, checkpoints); "
+                    f"`localcluster down --purge --dir {cluster_dir}` removes it")  # fmt: skip
         else:
             for process in children:
                 process.returncode = process.returncode if process.returncode is not None else 0

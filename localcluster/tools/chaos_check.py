@@ -263,7 +263,7 @@ def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) ->
         if elected and elected[0].fields.get("unclean"):
             reason += " (an unclean election: it was not in the ISR)"
         cuts = [x for x in mine if x.kind == "truncated" and x.broker == e.broker
-                and int(x.fields["offset"]) <= ack.offset and ack.acked_ms - 60_000 <= x.ms <= e.ms]  # fmt: skip
+                and int(x.fields["offset"]) <= ack.offset and ack.acked_ms <= x.ms <= e.ms]  # fmt: skip
         if cuts:
             reason += f"; it had truncated to {cuts[-1].fields['offset']}" + (
                 " (hw-truncation: a follower cuts to its own HW)"
@@ -271,6 +271,23 @@ def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) ->
                 else ""
             )
         return reason
+    later = [
+        e
+        for e in leading
+        if e.ms >= ack.acked_ms and (epoch is None or int(e.fields["epoch"]) > epoch)
+    ]
+    for e in later:  # a leader whose log reached past the offset, but with other records there
+        new_epoch = int(e.fields["epoch"])
+        elected = [x for x in mine if x.kind == "elected" and int(x.fields["epoch"]) == new_epoch]
+        if elected and elected[0].fields.get("unclean"):
+            return (f"{where}; the replica elected in epoch {new_epoch} (broker {e.broker}) in an unclean "
+                    f"election (not in the ISR) held other records at that offset (its log ended at "
+                    f"{e.fields['end']}); the others truncated to its log")  # fmt: skip
+        cuts = [x for x in mine if x.kind == "truncated" and x.broker == e.broker
+                and int(x.fields["offset"]) <= ack.offset and ack.acked_ms <= x.ms <= e.ms]  # fmt: skip
+        if cuts:
+            return (f"{where}; broker {e.broker} truncated to {cuts[-1].fields['offset']} and then led in "
+                    f"epoch {new_epoch} with other records at that offset")  # fmt: skip
     return f"{where}; no later leader's log ended below it (no election in the brokers' logs explains it)"
 
 
@@ -338,7 +355,11 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
                                                 "acked_offset": a.offset, "found_at": places})  # fmt: skip
     report["unacknowledged_present"] = sum(1 for k in found if k not in acked_by_value)
     report["lost"] = len(lost)
-    for a in lost[:LOSS_EXAMPLES]:
+    per_partition = max(1, -(-LOSS_EXAMPLES // max(1, len(partitions))))
+    examples = [
+        a for p in partitions for a in [x for x in lost if x.partition == p][:per_partition]
+    ]
+    for a in examples[:LOSS_EXAMPLES]:
         report["lost_records"].append({"value": a.value, "partition": a.partition, "offset": a.offset,
                                        "acked_ms": a.acked_ms,
                                        "reason": explain_loss(a, topic, events, protocol)})  # fmt: skip
