@@ -353,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--retry-backoff-ms", type=int, default=10,
                         help="probe client's retry.backoff.ms and reconnect.backoff.ms (Kafka: 100, 50)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra broker setting, e.g. replica.fetch.wait.max.ms=100 (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
+    extra = dict(item.split("=", 1) for item in args.set)
     kills_per_series = args.kills or (QUICK if args.quick else FULL).kills
     if args.json:
         from bench.common import console
@@ -365,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     cluster = Cluster({"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "true",
-                       "leader.imbalance.check.interval.seconds": "1"})  # fmt: skip
+                       "leader.imbalance.check.interval.seconds": "1", **extra})  # fmt: skip
     probe = None
     kills: list[dict] = []
     try:
@@ -442,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     del p99s
     path = write_results("failover", {
         "config": {"kills_per_series": kills_per_series, "partitions": PARTITIONS, "brokers": len(BROKERS),
-                   "interval_ms": args.interval_ms, "probe_settings": settings, "elapsed_s": elapsed,
+                   "interval_ms": args.interval_ms, "probe_settings": settings, "broker_settings": extra, "elapsed_s": elapsed,
                    "load_average_before": load_before},
         "summary": summary, "kills": kills, "check": check, "producer_errors": outcome["errors"], "goals": goals,
     }, to_stdout=args.json)  # fmt: skip
