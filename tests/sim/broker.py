@@ -66,8 +66,12 @@ class SimConfig:
     tick_ms: int = 10
     segment_bytes: int = 1024
 
+    retention_bytes: int = -1  # log.retention.bytes (time-based retention is off)
+    log_retention_check_interval_ms: int = 100
+
     def log_config(self) -> LogConfig:
         return LogConfig(segment_bytes=self.segment_bytes, segment_index_bytes=4096,
+                         retention_bytes=self.retention_bytes, retention_ms=-1,
                          prefault_bytes=0)  # fmt: skip
 
 
@@ -129,6 +133,7 @@ class SimBroker:
         self.next_hw_checkpoint_ms = now + config.replica_high_watermark_checkpoint_interval_ms
         self.next_flush_ms = now + config.log_flush_offset_checkpoint_interval_ms
         self.next_shrink_ms = now + max(config.replica_lag_time_max_ms // 2, 10)
+        self.next_retention_ms = now + config.log_retention_check_interval_ms
         self.next_heartbeat_ms = now
         self.open_logs()
 
@@ -199,9 +204,20 @@ class SimBroker:
         if now >= self.next_shrink_ms:
             self.maybe_shrink_isr()
             self.next_shrink_ms = now + max(self.config.replica_lag_time_max_ms // 2, 10)
+        if now >= self.next_retention_ms:
+            self.retention()
+            self.next_retention_ms = now + self.config.log_retention_check_interval_ms
         if now >= self.next_heartbeat_ms:
             self.send("zk", m.Heartbeat(self.session))
             self.next_heartbeat_ms = now + self.config.heartbeat_interval_ms
+
+    def retention(self) -> None:
+        """server._retention: delete old segments below the HW; the log start moves."""
+        for tp, hosted in self.partitions.items():
+            if hosted.log.delete_old_segments(self.now_ms(), hosted.state.high_watermark):
+                hosted.state.on_log_start_offset(hosted.log.log_start_offset)
+                self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: retention moved the log start "
+                           f"to {hosted.log.log_start_offset}")  # fmt: skip
 
     def _on_request_timeout(self, kind, subject, followed) -> None:
         if kind == "isr":
@@ -465,6 +481,8 @@ class SimBroker:
             self.pump(tp)
             return
         if msg.error == ErrorCode.offset_out_of_range:
+            self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: fetch offset out of leader "
+                       f"b{followed.leader}'s range; asking its log end")  # fmt: skip
             self._request(
                 "end", tp, followed, lambda corr: m.ListOffsets(corr, self.broker_id, tp, -1)
             )
@@ -491,6 +509,8 @@ class SimBroker:
                     "start", tp, followed, lambda corr: m.ListOffsets(corr, self.broker_id, tp, -2)
                 )
             return
+        self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: leader's log starts at {msg.offset}, "
+                   f"past our end {lg.log_end_offset}: starting over")  # fmt: skip
         truncated(lg)
         lg.truncate_fully_and_start_at(msg.offset)
         self.partitions[tp].state.on_follower_truncated(lg.log_start_offset, lg.log_end_offset)

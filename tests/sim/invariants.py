@@ -81,12 +81,14 @@ def log_view(lg) -> LogView:
     return view
 
 
-def batches_below(view: LogView, offset: int) -> list[tuple[int, int, int, bytes]]:
+def batches_below(view: LogView, offset: int, start: int = 0) -> list[tuple[int, int, int, bytes]]:
+    """The batches in [start, offset) (retention may have deleted what lies below `start`)."""
     out = []
     for batch in view.batches:
         if batch[0] >= offset:
             break
-        out.append(batch)
+        if batch[0] >= start:
+            out.append(batch)
     return out
 
 
@@ -226,8 +228,11 @@ class InvariantChecker:
                    mview.end)  # fmt: skip
             if self._isr_checked.get(key):
                 continue
-            mine = batches_below(lview, hw)
-            theirs = batches_below(mview, hw)
+            start = max(lview.start, mview.start)
+            if start > hw:
+                continue  # both deleted everything below the HW that they could compare
+            mine = batches_below(lview, hw, start)
+            theirs = batches_below(mview, hw, start)
             if mview.end < hw or mine != theirs:
                 at = next((b[0] for b, c in zip(mine, theirs, strict=False) if b != c), mview.end)
                 self.fail("strong-isr", f"{tp[0]}-{tp[1]}: leader b{broker.broker_id} (epoch "
@@ -248,6 +253,8 @@ class InvariantChecker:
         if self._acked_checked.get(tp) == key:
             return  # the same log view (appends only since) and no new acks
         for offset, value in acked.items():
+            if offset < view.start:
+                continue  # deleted by retention, below the HW: not lost
             if view.values.get(offset, b"<missing>") != value:
                 self.fail("acked-lost", f"{tp[0]}-{tp[1]}: acknowledged {value!r} at offset "
                           f"{offset}, but leader b{broker.broker_id} (epoch "
