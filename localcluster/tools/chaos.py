@@ -208,6 +208,7 @@ class Engine:
     skipped: int = 0
     unavailable: dict = field(default_factory=lambda: defaultdict(list))  # p -> [[start, end]]
     _spawned: list = field(default_factory=list)  # (broker id, Popen) of our restarts
+    warnings: list = field(default_factory=list)
     chains: list = field(default_factory=list)  # [partition, old leader, fault, give up at ms]
     _open_windows: dict = field(default_factory=dict)
     _zk: object = None
@@ -521,8 +522,13 @@ class Engine:
 
     # -- the end ------------------------------------------------------------------------------
 
-    def wait_all_registered(self, timeout_s: float) -> None:
+    def wait_all_registered(self, timeout_s: float, stuck_after_s: float = 20.0) -> None:
+        """Until every broker runs and is registered by that process. A broker that runs but
+        stays unregistered for stuck_after_s (one paused past its session timeout does not
+        register again) is killed and restarted, and the report says so (a warning: it is
+        about availability, not durability)."""
         deadline = time.monotonic() + timeout_s
+        stuck_at = time.monotonic() + stuck_after_s
         while True:
             live = cluster.live_brokers(self.cluster_dir, self.spec)
             try:
@@ -539,6 +545,20 @@ class Engine:
             for broker in self.spec.brokers:  # died on their own (or a restart failed): start again
                 if broker not in self.starting and not self.running(broker):
                     self.spawn(broker, "found dead at the end")
+            if time.monotonic() > stuck_at:
+                stuck_at = float("inf")
+                for broker, pid in live.items():
+                    if broker not in self.starting and (
+                        broker not in regs or regs[broker].pid != pid
+                    ):
+                        self.warnings.append(
+                            f"broker {broker} (pid {pid}) ran but was not registered {stuck_after_s:.0f} s "
+                            "after the faults ended (paused past zookeeper.session.timeout.ms, it does "
+                            "not register again); chaos killed and restarted it")  # fmt: skip
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.killpg(pid, signal.SIGKILL)
+                        cluster.wait_gone([pid], 5.0)
+                        self.spawn(broker, "running but unregistered")
             self.reap()
             time.sleep(0.05)
 
@@ -713,7 +733,8 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
             "failures": dict(failures), "lost": result["lost"], "lost_records": result["lost_records"],
             "lost_by_partition": result["lost_by_partition"], "duplicated": result["duplicated"],
             "moved": result["moved"], "moved_records": result["moved_records"],
-            "unacknowledged_present": result["unacknowledged_present"], "problems": result["problems"],
+            "unacknowledged_present": result["unacknowledged_present"],
+            "warnings": engine.warnings, "problems": result["problems"],
             "partition_states": result["partitions"],
             "unavailability": unavailability(engine, load.acks, started_wall_ms, partitions),
             "schedule": [fault.describe() for fault in schedule], "events": engine.events,

@@ -144,6 +144,8 @@ def render(report: dict, say) -> None:
         say(f"  ... and {report['lost'] - len(report['lost_records'])} more lost records")
     for problem in report["problems"]:
         say(f"  PROBLEM {problem}")
+    for warning in report.get("warnings", []):
+        say(f"  WARNING {warning}")
     say(
         "report: "
         + json.dumps(
