@@ -24,7 +24,7 @@ from tests.sim.simulator import (
 )
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
-HW_SEEDS = 30
+HW_SEEDS = 20
 UNCLEAN_SEEDS = 30
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
 KIP_SCENARIOS = ["kip101_scenario1", "kip101_scenario2", "kip279_fast_leader_changes"]
