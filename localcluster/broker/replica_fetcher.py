@@ -60,6 +60,15 @@ class ReplicaFetcher:
         self.changed = asyncio.Event()
         self.connection: BrokerConnection | None = None
         self.task: asyncio.Task | None = None
+        self._fetching = False
+        self._interrupted = False
+
+    def interrupt(self) -> None:
+        """A partition needs truncating now: abandon the long-poll in flight (up to
+        replica.fetch.wait.max.ms) by hanging up; the leader frees it at once."""
+        if self._fetching and self.connection is not None:
+            self._interrupted = True
+            self.connection.close()
 
     async def run(self) -> None:
         backoff = BACKOFF_S
@@ -73,9 +82,12 @@ class ReplicaFetcher:
             except asyncio.CancelledError:
                 raise
             except (KafkaConnectionError, ConnectionError, OSError, TimeoutError) as e:
+                self._drop_connection()
+                if self._interrupted:  # we hung up on purpose: start over at once
+                    self._interrupted = False
+                    continue
                 log.info("fetcher for leader %d: %s; retrying in %.2f s", self.leader_id,
                          e or type(e).__name__, backoff)  # fmt: skip
-                self._drop_connection()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
             except Exception:
@@ -186,9 +198,13 @@ class ReplicaFetcher:
         request = FetchRequest(self.manager.broker_id, self.manager.fetch_wait_max_ms, 1,
                                FETCH_MAX_BYTES, 0, list(by_topic.items()))  # fmt: skip
         body = write_fetch_request(request, FETCH_VERSION)
-        frame, offset = await self.connection.send(
-            ApiKey.FETCH, lambda v: body, version=FETCH_VERSION,
-            timeout_ms=self.manager.fetch_wait_max_ms + 30_000)  # fmt: skip
+        self._fetching = True
+        try:
+            frame, offset = await self.connection.send(
+                ApiKey.FETCH, lambda v: body, version=FETCH_VERSION,
+                timeout_ms=self.manager.fetch_wait_max_ms + 30_000)  # fmt: skip
+        finally:
+            self._fetching = False
         _, responses = read_fetch_response(Reader(frame, offset), FETCH_VERSION)
         for topic, partitions in responses:
             for p in partitions:
@@ -264,6 +280,8 @@ class ReplicaFetcherManager:
         fetcher.partitions[tp] = FollowedPartition(leader_epoch, truncating=truncate)
         if fetcher.task is None or fetcher.task.done():
             fetcher.task = asyncio.get_running_loop().create_task(fetcher.run())
+        else:
+            fetcher.interrupt()
         fetcher.changed.set()
 
     def remove_partition(self, tp) -> None:
