@@ -32,6 +32,7 @@ from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.shutdown import controlled_shutdown
 from localcluster.controller.controller import KafkaController
+from localcluster.coord import SessionExpiredError, paths
 from localcluster.coord.znode_data import BrokerRegistration
 from localcluster.metrics import MetricsBoard
 from localcluster.tasks import cancel_and_wait
@@ -39,6 +40,7 @@ from localcluster.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 10
+SESSION_CHECK_INTERVAL_S = 0.5
 METRICS_REPLICAS_INTERVAL_MS = 500
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes; keep a margin
 
@@ -139,12 +141,14 @@ class BrokerServer:
                                           str(self.socket_path), c.broker_rack, os.getpid(),
                                           int(time.time() * 1000))  # fmt: skip
         await asyncio.to_thread(self.metadata.register, registration)
+        self._registration = registration
         (self.broker_dir / "broker.pid").write_text(f"{os.getpid()}\n")
         if c.controller_eligible:
             self.controller = KafkaController(c.broker_id, self.metadata.zk, c)
             apis.controller = self.controller
             self.controller.start()
         self._tasks = [
+            loop.create_task(self._watch_session()),
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
@@ -184,6 +188,39 @@ class BrokerServer:
             await asyncio.sleep(0.1)
         log.warning("controlled shutdown did not complete in %d s; shutting down anyway",
                     CONTROLLED_SHUTDOWN_TIMEOUT_S)
+
+    async def _watch_session(self) -> None:
+        """A broker paused (SIGSTOP) longer than zookeeper.session.timeout.ms comes back with
+        an expired session: its registration and any controller seat are gone. Like Kafka,
+        open a new session and register again; the controller then treats it as a broker
+        that restarted and sends it the current LeaderAndIsr."""
+        while True:
+            await asyncio.sleep(SESSION_CHECK_INTERVAL_S)
+            try:
+                await asyncio.to_thread(self.coord.exists, paths.BROKER_IDS)
+            except SessionExpiredError:
+                await self._renew_session()
+            except Exception as e:
+                log.debug("session check: %s", e)
+
+    async def _renew_session(self) -> None:
+        log.warning("broker %d: its coordination session expired (paused longer than "
+                    "zookeeper.session.timeout.ms=%d?); opening a new one and registering again",
+                    self.config.broker_id, self.config.zookeeper_session_timeout_ms)  # fmt: skip
+        if self.controller is not None:
+            await self.controller.stop()
+        old = self.coord
+        self.coord = await asyncio.to_thread(
+            coord.connect, self.coordination,
+            session_timeout_ms=self.config.zookeeper_session_timeout_ms)  # fmt: skip
+        self.metadata.coord = self.metadata.zk.coord = self.coord
+        try:
+            old.stop()
+        except Exception as e:
+            log.debug("closing the expired session: %s", e)
+        await asyncio.to_thread(self.metadata.register, self._registration)
+        if self.controller is not None:
+            self.controller.start()
 
     def _sole_replica(self, tp) -> bool:
         hosted = self.replica_manager.partitions.get(tuple(tp))

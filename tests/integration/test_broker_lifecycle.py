@@ -78,3 +78,29 @@ def test_a_bad_setting_is_a_usage_error(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert "min.insync.replicas='two': expected an integer" in result.stderr
+
+
+def test_a_broker_paused_past_its_session_timeout_registers_again(brokers):
+    import os
+    import signal
+
+    from localcluster import coord
+    from localcluster.coord import paths
+    from tests.helpers import wait_until
+
+    brokers.start(1, zookeeper_session_timeout_ms=1000)
+    paused = brokers.start(2, zookeeper_session_timeout_ms=1000)
+    store = coord.connect(str(brokers.cluster_dir / "store"))
+    try:
+        os.kill(paused.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: store.exists(paths.broker_path(2)) is None, timeout_s=10,
+                       message="the paused broker's session expires")  # fmt: skip
+        finally:
+            os.kill(paused.pid, signal.SIGCONT)
+        wait_until(lambda: store.exists(paths.broker_path(2)) is not None, timeout_s=10,
+                   message="the broker registers again with a new session")  # fmt: skip
+        assert "registering again" in paused.log_text()
+        assert paused.is_alive()
+    finally:
+        store.stop()
