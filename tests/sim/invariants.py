@@ -3,6 +3,8 @@
 - leader-not-in-isr: the leader recorded in the store is in the recorded ISR (TLA+ LeaderInIsr).
 - strong-isr: below the HW of a leader that has taken up the recorded leadership, every
   member of the recorded ISR holds the same batches (bytes, offsets, epochs) (TLA+ StrongIsr).
+- weak-isr: the same for every running broker that believes it leads, against the ISR it
+  believes in (TLA+ WeakIsr; a deposed leader that has not heard yet included).
 - acked-lost: every acknowledged record (acks=all, answered NONE) is at its offset in the log of
   a leader that has taken up the recorded leadership; no two acks name one offset.
 - hw-backwards: while a broker leads a partition in one epoch its HW never decreases
@@ -148,12 +150,15 @@ class InvariantChecker:
 
     def check(self) -> None:
         sim = self.sim
+        presumed = []  # (tp, broker, hosted) of every running broker that believes it leads
         for host in sim.hosts.values():
             broker = host.incarnation
             if broker is None:
                 continue
             for tp, hosted in broker.partitions.items():
                 self._check_offsets(broker.broker_id, tp, hosted)
+                if hosted.state.is_leader and not host.paused:
+                    presumed.append((tp, broker, hosted))
         for tp, (state, _) in sim.zk.states.items():
             if state.leader >= 0 and state.leader not in state.isr:
                 self.fail(
@@ -165,6 +170,8 @@ class InvariantChecker:
                 continue
             self._check_strong_isr(tp, leader, state.isr)
             self._check_acked(tp, leader)
+        for tp, broker, hosted in presumed:  # WeakIsr: against the ISR each leader believes
+            self._check_strong_isr(tp, (broker, hosted), sorted(hosted.state.isr), "weak-isr")
 
     def acting_leader(self, tp):
         """The recorded leader's hosted partition, if it has taken up the recorded epoch."""
@@ -211,7 +218,7 @@ class InvariantChecker:
                     self.fail(kind, message)
             self.max_hw[key] = (p.high_watermark, self._generation(broker_id))
 
-    def _check_strong_isr(self, tp, leader, isr) -> None:
+    def _check_strong_isr(self, tp, leader, isr, kind: str = "strong-isr") -> None:
         broker, hosted = leader
         hw = hosted.state.high_watermark
         lview = log_view(hosted.log)
@@ -235,7 +242,7 @@ class InvariantChecker:
             theirs = batches_below(mview, hw, start)
             if mview.end < hw or mine != theirs:
                 at = next((b[0] for b, c in zip(mine, theirs, strict=False) if b != c), mview.end)
-                self.fail("strong-isr", f"{tp[0]}-{tp[1]}: leader b{broker.broker_id} (epoch "
+                self.fail(kind, f"{tp[0]}-{tp[1]}: leader b{broker.broker_id} (epoch "
                           f"{hosted.state.leader_epoch}, hw {hw}) and isr member b{member} "
                           f"(log end {mview.end}) differ below the hw, first at offset {at}: "
                           f"leader [{describe(lview)}] member [{describe(mview)}]")  # fmt: skip
