@@ -452,6 +452,10 @@ class SimBroker:
         lg = hosted.log
         decision = leader_epoch_truncation(msg.leader_epoch, msg.end_offset, lg.end_offset_for_epoch,
                                            lg.log_end_offset, hosted.state.high_watermark)  # fmt: skip
+        self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: asked b{followed.leader} where epoch "
+                   f"{followed.ask_epoch} ends: epoch {msg.leader_epoch} ends at {msg.end_offset}; "
+                   f"cut at {decision.offset}"
+                   + ("" if decision.done else f", then ask about epoch {decision.next_epoch}"))  # fmt: skip
         if decision.offset < lg.log_end_offset:
             self.truncate_follower(tp, decision.offset)
         if decision.done:

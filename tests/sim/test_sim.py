@@ -27,7 +27,12 @@ SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 HW_SEEDS = 20
 UNCLEAN_SEEDS = 30
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
-KIP_SCENARIOS = ["kip101_scenario1", "kip101_scenario2", "kip279_fast_leader_changes"]
+KIP_SCENARIOS = [
+    "kip101_scenario1",
+    "kip101_scenario2",
+    "kip279_fast_leader_changes",
+    "kip279_two_rounds",
+]
 KNOWN_BUGS = {
     "isr_write_and_read_back_lost": (
         "runtime bug: when an ISR write raised and so did its read-back (ZooKeeper unreachable "
