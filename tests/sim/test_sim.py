@@ -149,7 +149,7 @@ def _sweep(seeds, protocol, **flags):
     workers = min(2, os.cpu_count() or 1)
     if workers < 2:
         return [_run(job) for job in jobs]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
         return list(pool.imap(_run, jobs, chunksize=4))
 
 
