@@ -1,17 +1,25 @@
 """One seed -> one run: brokers, a controller and a producing client over the simulated network.
 
-A run has two phases. The safety phase injects faults from the seed (broker crashes and
-restarts from disk, SIGSTOP-like pauses, isolated brokers and cut links, random message loss,
-controller failovers, preferred elections) while a client produces acks=all and acks=1
-batches. The heal phase stops the faults, restarts and resumes everything, and requires every
-partition to converge (ISR full, replicas identical to the leader, HW = log end) within a
-bounded number of steps. Invariants (invariants.py) are checked after every step; the first
-violation ends the run, and `SimResult.report()` prints the seed and the event trace.
+The seed picks the cluster's shape (2 to 5 brokers, RF 2 or 3, min.insync.replicas 1 or 2,
+size-based retention on or off). A run has two phases. The safety phase injects faults from
+the seed (kill -9 crashes and restarts from disk, SIGSTOP-like pauses, isolated brokers and cut
+links, random message loss, controller crashes and deposed controllers that act until their
+watch fires, controlled shutdowns with clean restarts, preferred elections) while a client
+produces acks=all and acks=1 batches. The heal phase stops the faults, restarts and resumes
+everything, and requires every partition to converge (ISR full, replicas identical to the
+leader, HW = log end) within a bounded number of steps. Invariants (invariants.py) are checked
+after every step; the first violation ends the run, and `SimResult.report()` prints the seed,
+the command that replays it and the event trace.
 
 Everything comes from one `random.Random(seed)`: no wall clock, threads or asyncio.
 
-    python -m tests.sim.simulator --seeds 0:500 [--protocol hw-truncation] [--trace]
-    python -m tests.sim.simulator --update-golden      # rewrite tests/sim/scenarios/*.txt
+Scenario files (scenarios/*.txt) are scripts played by `ScenarioRunner` in both protocols,
+followed by each protocol's golden output.
+
+    python -m tests.sim.simulator --seeds 0:500 [--protocol hw-truncation] [--unclean]
+                                  [--lossy-zk] [--trace]
+    python -m tests.sim.simulator --scenarios         # check the scenario files
+    python -m tests.sim.simulator --update-golden     # rewrite their golden output
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from localcluster.controller.assignment import assign_replicas_to_brokers
 from tests.sim import network as m
 from tests.sim.broker import BrokerHost, SimConfig
 from tests.sim.clock import ManualClock, Scheduler
-from tests.sim.controller import SimController, SimZk
+from tests.sim.controller import SimController, SimZk, ZkPartitionState
 from tests.sim.invariants import (
     InvariantChecker,
     InvariantViolation,
@@ -507,7 +515,22 @@ def _ids(text: str) -> tuple[int, ...]:
 class ScenarioRunner:
     """Plays a script: the test is the controller (`elect`), the faults are explicit, the
     network delivers every message after exactly 1 ms. Invariant violations are recorded
-    (once per kind) and the script goes on, so the golden output shows what followed."""
+    (once per kind) and the script goes on, so the golden output shows what followed.
+
+    Commands, one a line (# starts a comment):
+        expect PROTOCOL KIND...        the violations PROTOCOL must show (others: none)
+        config NAME=VALUE...           SimConfig settings, before `brokers`
+        brokers ID...                  start the brokers
+        topic T-P ID,ID                a partition and its replicas
+        elect T-P leader=ID epoch=E isr=ID,ID [to=ID,ID]
+                                       write the state znode, send LeaderAndIsr
+        produce T-P V[,V] [acks=1]     a batch, acks=all unless told
+        run MS                         let MS milliseconds pass
+        crash ID | restart ID | pause ID | resume ID
+        lose-unflushed ID T-P OFFSET   a crashed broker loses its records from OFFSET on
+        lose-zk-answers on|off         the store's answers are lost (after it applied them)
+        show T-P                       each replica's role, epoch, ISR, HW, LEO and records
+    """
 
     def __init__(self, protocol: str):
         self.protocol = protocol
@@ -578,7 +601,7 @@ class ScenarioRunner:
             epoch,
             isr,
         ):
-            version = zk.update_partition_state(tp_, m_state(leader, epoch, isr),
+            version = zk.update_partition_state(tp_, ZkPartitionState(leader, epoch, isr, 1),
                                                 found[1] if found else -1, zk.controller_epoch)  # fmt: skip
         else:
             version = found[1]
@@ -670,12 +693,6 @@ class ScenarioRunner:
                 if view.values.get(offset) != value:
                     sim.checker.fail("acked-lost", f"{tp[0]}-{tp[1]}: acknowledged {value.decode()} "
                                      f"at {offset} is not in leader b{host.broker_id}'s log")  # fmt: skip
-
-
-def m_state(leader: int, epoch: int, isr):
-    from tests.sim.controller import ZkPartitionState
-
-    return ZkPartitionState(leader, epoch, tuple(isr), 1)
 
 
 def cut_segment_files(directory: Path, offset: int) -> None:
