@@ -107,11 +107,15 @@ class ParkedFetch:
     deadline_ms: int
 
 
+RESPONSES = (m.FetchResponse, m.OffsetForLeaderEpochResponse, m.ListOffsetsResponse,
+             m.IsrWriteResponse)  # fmt: skip
+
+
 class SimBroker:
     """One incarnation of a broker process."""
 
     def __init__(self, broker_id: int, config: SimConfig, directory: Path, clock, send, trace,
-                 observer):  # fmt: skip
+                 observer, corr_base: int = 0):  # fmt: skip
         self.broker_id = broker_id
         self.config = config
         self.directory = directory
@@ -128,7 +132,10 @@ class SimBroker:
         self.pending: dict[int, tuple] = {}  # corr -> (kind, tp or update, Followed, deadline)
         self.checkpointed_hw: dict[TopicPartition, int] = {}
         self.session = -1
-        self._corr = 0
+        # Correlation ids are per connection in the runtime: an answer never reaches another
+        # process. Here they are unique across incarnations, and answers must come from where
+        # the request went.
+        self._corr = corr_base
         now = clock.now_ms()
         self.next_hw_checkpoint_ms = now + config.replica_high_watermark_checkpoint_interval_ms
         self.next_flush_ms = now + config.log_flush_offset_checkpoint_interval_ms
@@ -185,7 +192,7 @@ class SimBroker:
     def tick(self) -> None:
         now = self.now_ms()
         self._complete(self.purgatory.expire(now))
-        for corr, (kind, subject, followed, deadline) in list(self.pending.items()):
+        for corr, (kind, subject, followed, deadline, _) in list(self.pending.items()):
             if deadline <= now:
                 del self.pending[corr]
                 self._on_request_timeout(kind, subject, followed)
@@ -226,12 +233,8 @@ class SimBroker:
             self.trace(f"b{self.broker_id} isr write {list(subject.isr)} for {subject.topic}-"
                        f"{subject.partition} unanswered: reading the state back")  # fmt: skip
             corr = self.next_corr()
-            self.pending[corr] = (
-                "isr-read",
-                subject,
-                None,
-                self.now_ms() + self.config.request_timeout_ms,
-            )
+            deadline = self.now_ms() + self.config.request_timeout_ms
+            self.pending[corr] = ("isr-read", subject, None, deadline, "zk")
             self.send("zk", m.IsrReadBack(corr, subject))
             return
         if kind == "isr-read":
@@ -249,6 +252,10 @@ class SimBroker:
     # -- dispatch -------------------------------------------------------------------------------
 
     def handle(self, src, msg) -> None:
+        if isinstance(msg, RESPONSES):
+            pending = self.pending.get(msg.corr)
+            if pending is None or pending[4] != src:
+                return  # not an answer to a request of ours in flight to `src` (a connection's)
         if isinstance(msg, m.Fetch):
             self.handle_fetch(src, msg)
         elif isinstance(msg, m.FetchResponse):
@@ -399,7 +406,7 @@ class SimBroker:
         deadline = self.now_ms() + self.config.request_timeout_ms
         if kind == "fetch":
             deadline += self.config.replica_fetch_wait_max_ms
-        self.pending[corr] = (kind, tp, followed, deadline)
+        self.pending[corr] = (kind, tp, followed, deadline, followed.leader)
         self.send(followed.leader, msg_factory(corr))
 
     def pump(self, tp: TopicPartition) -> None:
@@ -650,7 +657,8 @@ class SimBroker:
         self.trace(f"b{self.broker_id} proposes isr {list(update.isr)} for "
                    f"{update.topic}-{update.partition} ({update.reason})")  # fmt: skip
         corr = self.next_corr()
-        self.pending[corr] = ("isr", update, None, self.now_ms() + self.config.request_timeout_ms)
+        deadline = self.now_ms() + self.config.request_timeout_ms
+        self.pending[corr] = ("isr", update, None, deadline, "zk")
         self.send("zk", m.IsrWrite(corr, update))
 
     def _apply_isr_result(self, update: IsrUpdate, ok: bool, version: int | None) -> None:
@@ -688,7 +696,7 @@ class BrokerHost:
         sim = self.sim
         broker = SimBroker(self.broker_id, self.config, self.directory, sim.clock,
                            lambda dst, msg: sim.network.send(self.broker_id, dst, msg),
-                           sim.trace, sim.observer)  # fmt: skip
+                           sim.trace, sim.observer, self.generation * 1_000_000_000)  # fmt: skip
         self.incarnation = broker
         broker.session = sim.zk.register(self.broker_id)
         self.paused = False
