@@ -85,7 +85,9 @@ class BrokerProcess:
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"broker {self.broker_id} ignored SIGTERM for {timeout_s} s") from None
+            raise AssertionError(
+                f"broker {self.broker_id} ignored SIGTERM for {timeout_s} s"
+            ) from None
 
     def kill(self) -> None:
         """SIGKILL the broker's whole process group and reap it."""
@@ -133,4 +135,3 @@ def brokers(tmp_path):
         yield started
     finally:
         started.cleanup()
-

@@ -34,7 +34,9 @@ class TestController:
     def close(self) -> None:
         self.coord.stop()
 
-    def create_topic(self, topic: str, replicas: tuple[int, ...], config: dict | None = None) -> None:
+    def create_topic(
+        self, topic: str, replicas: tuple[int, ...], config: dict | None = None
+    ) -> None:
         self.coord.create(f"/config/topics/{topic}",
                           json.dumps({"version": 1, "config": config or {}}).encode(),
                           makepath=True)  # fmt: skip
@@ -69,14 +71,18 @@ class TestController:
         return cr.read_partition_errors(reader)
 
     def stop_replica(self, broker_id: int, request: cr.StopReplicaRequest) -> cr.PartitionErrors:
-        reader = asyncio.run(self._send(broker_id, ApiKey.STOP_REPLICA, cr.write_stop_replica(request)))
+        reader = asyncio.run(
+            self._send(broker_id, ApiKey.STOP_REPLICA, cr.write_stop_replica(request))
+        )
         return cr.read_partition_errors(reader)
 
     async def _send(self, broker_id: int, api_key: int, body: bytes):
         connection = await BrokerConnection.open(Address(unix_socket=str(self.brokers[broker_id].socket_path)),
                                                  client_id="test-controller")  # fmt: skip
         try:
-            frame, offset = await connection.send(api_key, lambda v: body, version=0, timeout_ms=20_000)
+            frame, offset = await connection.send(
+                api_key, lambda v: body, version=0, timeout_ms=20_000
+            )
             return Reader(frame, offset)
         finally:
             connection.close()
@@ -103,7 +109,9 @@ def log_batches(partition_dir: Path) -> list[tuple[rb.BatchHeader, bytes]]:
 
 def log_bytes_below(partition_dir: Path, offset: int) -> bytes:
     """The bytes of every batch that ends below `offset`."""
-    return b"".join(data for header, data in log_batches(partition_dir) if header.last_offset < offset)
+    return b"".join(
+        data for header, data in log_batches(partition_dir) if header.last_offset < offset
+    )
 
 
 def log_end_offset(partition_dir: Path) -> int:
@@ -113,6 +121,6 @@ def log_end_offset(partition_dir: Path) -> int:
 
 def record_values(partition_dir: Path) -> list[bytes]:
     values = []
-    for header, data in log_batches(partition_dir):
+    for _header, data in log_batches(partition_dir):
         values += [r.value for r in rb.iter_records(data)]
     return values

@@ -41,7 +41,8 @@ class BrokerConfig:
     log_retention_ms: int = _prop("log.retention.ms", 7 * 24 * 3600 * 1000)
     log_retention_check_interval_ms: int = _prop("log.retention.check.interval.ms", 300_000)
     log_flush_offset_checkpoint_interval_ms: int = _prop(
-        "log.flush.offset.checkpoint.interval.ms", 60_000, "recovery-point checkpoint interval")
+        "log.flush.offset.checkpoint.interval.ms", 60_000, "recovery-point checkpoint interval"
+    )
     message_max_bytes: int = _prop("message.max.bytes", 1048588)
     socket_request_max_bytes: int = _prop("socket.request.max.bytes", 100 * 1024 * 1024)
     auto_create_topics_enable: bool = _prop("auto.create.topics.enable", True)

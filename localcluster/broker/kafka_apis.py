@@ -55,7 +55,10 @@ class KafkaApis:
         handler = self._handlers.get(header.api_key)
         if handler is None:
             raise MalformedRequestError(f"API key {header.api_key} is not supported")
-        if header.api_key != ApiKey.API_VERSIONS and header.api_version not in SUPPORTED[header.api_key]:
+        if (
+            header.api_key != ApiKey.API_VERSIONS
+            and header.api_version not in SUPPORTED[header.api_key]
+        ):
             raise MalformedRequestError(
                 f"{ApiKey(header.api_key).name} v{header.api_version} is not supported "
                 f"(we speak {SUPPORTED[header.api_key].min}-{SUPPORTED[header.api_key].max})"
@@ -80,7 +83,9 @@ class KafkaApis:
     # -- Metadata -----------------------------------------------------------------------------
 
     async def handle_metadata(self, header: RequestHeader, reader: Reader) -> bytes:
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        request = messages.decode_request(
+            header.api_key, header.api_version, reader.buf, reader.pos
+        )
         topics = getattr(request, "topics", None)
         names = None if topics is None else [t.name if hasattr(t, "name") else t for t in topics]
         if header.api_version == 0 and names == []:
@@ -120,7 +125,9 @@ class KafkaApis:
     # -- ListOffsets --------------------------------------------------------------------------
 
     async def handle_list_offsets(self, header: RequestHeader, reader: Reader) -> bytes:
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        request = messages.decode_request(
+            header.api_key, header.api_version, reader.buf, reader.pos
+        )
         consumer = request.replica_id < 0
         topics = []
         for topic in request.topics:
@@ -142,7 +149,9 @@ class KafkaApis:
     # -- replication: OffsetForLeaderEpoch, LeaderAndIsr, StopReplica ------------------------
 
     async def handle_offset_for_leader_epoch(self, header: RequestHeader, reader: Reader) -> bytes:
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        request = messages.decode_request(
+            header.api_key, header.api_version, reader.buf, reader.pos
+        )
         topics = []
         for topic in request.topics:
             partitions = []
@@ -167,22 +176,30 @@ class KafkaApis:
 
     async def handle_stop_replica(self, header: RequestHeader, reader: Reader) -> bytes:
         request = controller_requests.read_stop_replica(reader)
-        return controller_requests.write_partition_errors(self.replica_manager.stop_replicas(request))
+        return controller_requests.write_partition_errors(
+            self.replica_manager.stop_replicas(request)
+        )
 
     async def handle_controlled_shutdown(self, header: RequestHeader, reader: Reader) -> bytes:
         broker_id = controller_requests.read_controlled_shutdown(reader)
         if self.controller is None or not self.controller.is_active:
-            return controller_requests.write_controlled_shutdown_response(ErrorCode.not_controller, [])
+            return controller_requests.write_controlled_shutdown_response(
+                ErrorCode.not_controller, []
+            )
         result = await ask_local_controller(self.controller, broker_id)
         if result is None:
-            return controller_requests.write_controlled_shutdown_response(ErrorCode.not_controller, [])
+            return controller_requests.write_controlled_shutdown_response(
+                ErrorCode.not_controller, []
+            )
         error, remaining = result
         return controller_requests.write_controlled_shutdown_response(error, remaining)
 
     # -- CreateTopics -------------------------------------------------------------------------
 
     async def handle_create_topics(self, header: RequestHeader, reader: Reader) -> bytes:
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+        request = messages.decode_request(
+            header.api_key, header.api_version, reader.buf, reader.pos
+        )
         results = []
         for topic in request.topics:
             configs = {c.name: c.value for c in topic.configs if c.value is not None}
@@ -195,9 +212,13 @@ class KafkaApis:
             except TopicCreationError as e:
                 results.append({"name": topic.name, "error_code": e.error_code,
                                 "error_message": str(e)})  # fmt: skip
-        deadline_ms = int(time.monotonic() * 1000) + max(int(request.timeout.total_seconds() * 1000), 0)
+        deadline_ms = int(time.monotonic() * 1000) + max(
+            int(request.timeout.total_seconds() * 1000), 0
+        )
         # validate_only creates nothing: waiting for those topics would last the whole timeout
-        created = [] if request.validate_only else [r["name"] for r in results if r["error_code"] == 0]
+        created = (
+            [] if request.validate_only else [r["name"] for r in results if r["error_code"] == 0]
+        )
         await self.metadata.wait_for_topics(created, deadline_ms)
         return messages.encode_response(header.api_key, header.api_version,
                                         {"throttle_time": 0, "topics": results})  # fmt: skip

@@ -152,7 +152,11 @@ class ClusterMetadata:
         for name in cache.topics() if names is None else names:
             partitions = cache.partitions_of(name) if legal_topic(name) else {}
             if not partitions:  # unknown to the controller (yet): the store decides
-                topics.append(self._describe_topic(name, cache.brokers, allow_auto_create and names is not None))
+                topics.append(
+                    self._describe_topic(
+                        name, cache.brokers, allow_auto_create and names is not None
+                    )
+                )
                 continue
             topics.append({"name": name, "error_code": 0, "partitions": [
                 self._partition_entry(p, c.leader, c.leader_epoch, c.isr, c.replicas, cache.brokers)
@@ -174,7 +178,11 @@ class ClusterMetadata:
             # Never look an illegal name up: it is no znode path ('a\x10' is refused by the
             # store, 'a/b' names another node). Kafka's answers: INVALID_TOPIC_EXCEPTION when
             # it would have created the topic, else UNKNOWN_TOPIC_OR_PARTITION.
-            code = ErrorCode.invalid_topic_exception if auto_create else ErrorCode.unknown_topic_or_partition
+            code = (
+                ErrorCode.invalid_topic_exception
+                if auto_create
+                else ErrorCode.unknown_topic_or_partition
+            )
             return {"name": name, "error_code": code, "partitions": []}
         assignment = self.zk.assignment(name)
         if assignment is None:
@@ -183,8 +191,16 @@ class ClusterMetadata:
                     self._create_topic(name, -1, -1, {}, None, False)
                 except TopicCreationError as e:
                     return {"name": name, "error_code": e.error_code, "partitions": []}
-                return {"name": name, "error_code": ErrorCode.leader_not_available, "partitions": []}
-            return {"name": name, "error_code": ErrorCode.unknown_topic_or_partition, "partitions": []}
+                return {
+                    "name": name,
+                    "error_code": ErrorCode.leader_not_available,
+                    "partitions": [],
+                }
+            return {
+                "name": name,
+                "error_code": ErrorCode.unknown_topic_or_partition,
+                "partitions": [],
+            }
         return {"name": name, "error_code": 0, "partitions": [
             self._describe_partition(name, p, replicas, live)
             for p, replicas in sorted(assignment.partitions.items())]}  # fmt: skip
@@ -194,7 +210,9 @@ class ClusterMetadata:
         if found is None:
             return self._partition_entry(partition, -1, -1, (), replicas, live)
         state: LeaderAndIsr = found[0]
-        return self._partition_entry(partition, state.leader, state.leader_epoch, state.isr, replicas, live)
+        return self._partition_entry(
+            partition, state.leader, state.leader_epoch, state.isr, replicas, live
+        )
 
     # -- CreateTopics -------------------------------------------------------------------------
 
@@ -230,14 +248,20 @@ class ClusterMetadata:
         try:
             self.zk.create_topic(name, table, configs)
         except NodeExistsError:
-            raise TopicCreationError(ErrorCode.topic_already_exists, f"topic {name!r} exists") from None
+            raise TopicCreationError(
+                ErrorCode.topic_already_exists, f"topic {name!r} exists"
+            ) from None
         except Exception as e:
-            raise TopicCreationError(ErrorCode.unknown_server_error, f"could not create {name!r}: {e}") from e
+            raise TopicCreationError(
+                ErrorCode.unknown_server_error, f"could not create {name!r}: {e}"
+            ) from e
         log.info("created topic %s: %s", name, {p: list(r) for p, r in table.items()})
 
     def _assign(self, num_partitions, replication_factor) -> dict[int, tuple[int, ...]]:
         live = self.zk.live_brokers()
-        partitions = self.defaults.num_partitions if num_partitions in (-1, None) else num_partitions
+        partitions = (
+            self.defaults.num_partitions if num_partitions in (-1, None) else num_partitions
+        )
         rf = (self.defaults.default_replication_factor if replication_factor in (-1, None)
               else replication_factor)  # fmt: skip
         if partitions < 1:
@@ -278,7 +302,9 @@ class ClusterMetadata:
         tp = (update.topic, update.partition)
         found = self.zk.partition_state(*tp)
         controller_epoch = found[0].controller_epoch if found else 0
-        state = LeaderAndIsr(update.leader, update.leader_epoch, tuple(update.isr), controller_epoch)
+        state = LeaderAndIsr(
+            update.leader, update.leader_epoch, tuple(update.isr), controller_epoch
+        )
         try:
             version = self.zk.update_isr_from_leader(tp, state, update.zk_version)
         except Exception as e:

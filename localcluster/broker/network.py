@@ -31,7 +31,9 @@ class FrameError(Exception):
     """A frame with an impossible size: the stream cannot be resynchronised."""
 
 
-async def recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytearray | None:
+async def recv_exactly(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int
+) -> bytearray | None:
     """n bytes, or None on a clean EOF before the first byte."""
     buf = bytearray(n)
     view = memoryview(buf)
@@ -131,14 +133,18 @@ async def _handle_while_peer_stays(loop, sock: socket.socket, handling):
         return await task
     except asyncio.CancelledError:
         if gone:
-            raise PeerGoneError("the client closed its connection while its request waited") from None
+            raise PeerGoneError(
+                "the client closed its connection while its request waited"
+            ) from None
         task.cancel()
         raise
     finally:
         loop.remove_reader(fd)
 
 
-async def serve_connection(sock: socket.socket, peer: str, handler: Handler, max_bytes: int) -> None:
+async def serve_connection(
+    sock: socket.socket, peer: str, handler: Handler, max_bytes: int
+) -> None:
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
     try:

@@ -138,7 +138,9 @@ class ReplicaFetcher:
             if epoch is None:
                 decision = hw_truncation(hosted.state.high_watermark, lg.log_end_offset)
             else:
-                error, leader_epoch, end_offset = await self._ask_epoch_end(tp, followed.leader_epoch, epoch)
+                error, leader_epoch, end_offset = await self._ask_epoch_end(
+                    tp, followed.leader_epoch, epoch
+                )
                 if not self._still_following(tp, followed):
                     return
                 if error != ErrorCode.none:
@@ -165,7 +167,9 @@ class ReplicaFetcher:
         return (self.partitions.get(tp) is followed and hosted is not None
                 and not hosted.state.is_leader)  # fmt: skip
 
-    async def _ask_epoch_end(self, tp, current_leader_epoch: int, epoch: int) -> tuple[int, int, int]:
+    async def _ask_epoch_end(
+        self, tp, current_leader_epoch: int, epoch: int
+    ) -> tuple[int, int, int]:
         body = messages.encode_request(ApiKey.OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_VERSION, {
             "replica_id": self.manager.broker_id,
             "topics": [{"topic": tp[0], "partitions": [{
@@ -242,7 +246,9 @@ class ReplicaFetcher:
             log.warning("%s-%d: leader %d's log starts at %d, past our end %d; starting over",
                         *tp, self.leader_id, leader_start, hosted.log.log_end_offset)  # fmt: skip
             hosted.log.truncate_fully_and_start_at(leader_start)
-            hosted.state.on_follower_truncated(hosted.log.log_start_offset, hosted.log.log_end_offset)
+            hosted.state.on_follower_truncated(
+                hosted.log.log_start_offset, hosted.log.log_end_offset
+            )
 
     async def _leader_offset(self, tp, timestamp: int) -> int:
         body = messages.encode_request(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, {
@@ -252,7 +258,9 @@ class ReplicaFetcher:
         })  # fmt: skip
         frame, offset = await self.connection.send(ApiKey.LIST_OFFSETS, lambda v: body,
                                                    version=LIST_OFFSETS_VERSION)  # fmt: skip
-        response = messages.decode_response(ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, frame, offset)
+        response = messages.decode_response(
+            ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION, frame, offset
+        )
         p = response.topics[0].partitions[0]
         if p.error_code != ErrorCode.none:
             raise ConnectionError(f"leader {self.leader_id} answered ListOffsets with "

@@ -146,8 +146,12 @@ class ReplicaManager:
         """Open (and recover) every partition log in the data dir."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        recovery_points = read_partition_offsets(self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT)
-        self._checkpointed_hw = read_partition_offsets(self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT)
+        recovery_points = read_partition_offsets(
+            self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT
+        )
+        self._checkpointed_hw = read_partition_offsets(
+            self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT
+        )
         for path in sorted(self.data_dir.iterdir()):
             tp = parse_partition_dir(path.name) if path.is_dir() else None
             if tp is None:
@@ -159,15 +163,21 @@ class ReplicaManager:
                      f", recovery cut {sum(c.bytes_cut for c in opened.cuts)} bytes"
                      if opened.cuts else "")  # fmt: skip
 
-    def get_or_create_log(self, tp: TopicPartition, topic_config: dict[str, str] | None = None) -> Log:
+    def get_or_create_log(
+        self, tp: TopicPartition, topic_config: dict[str, str] | None = None
+    ) -> Log:
         existing = self._logs.get(tp)
         if existing is None:
-            existing = Log.open(self.data_dir / partition_dir_name(*tp), self.log_config(topic_config))
+            existing = Log.open(
+                self.data_dir / partition_dir_name(*tp), self.log_config(topic_config)
+            )
             self._logs[tp] = existing
         return existing
 
     def checkpoint_high_watermarks(self) -> None:
-        self._checkpointed_hw.update({tp: h.state.high_watermark for tp, h in self.partitions.items()})
+        self._checkpointed_hw.update(
+            {tp: h.state.high_watermark for tp, h in self.partitions.items()}
+        )
         write_partition_offsets(self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT,
                                 self._checkpointed_hw)  # fmt: skip
 
@@ -208,14 +218,21 @@ class ReplicaManager:
         results = []
         for state in request.partitions:
             config = (topic_configs or {}).get(state.topic)
-            results.append((state.topic, state.partition, self._apply_partition_state(state, config)))
+            results.append(
+                (state.topic, state.partition, self._apply_partition_state(state, config))
+            )
         return PartitionErrors(ErrorCode.none, tuple(results))
 
     def _apply_partition_state(self, state: PartitionState, topic_config=None) -> int:
         tp = (state.topic, state.partition)
         hosted = self.partitions.get(tp)
-        if hosted is not None and state.leader_epoch <= hosted.state.leader_epoch and not (
-            state.leader_epoch == hosted.state.leader_epoch and state.zk_version > hosted.state.zk_version
+        if (
+            hosted is not None
+            and state.leader_epoch <= hosted.state.leader_epoch
+            and not (
+                state.leader_epoch == hosted.state.leader_epoch
+                and state.zk_version > hosted.state.zk_version
+            )
         ):
             log.info("ignoring LeaderAndIsr for %s-%d in leader epoch %d: epoch %d is current",
                      *tp, state.leader_epoch, hosted.state.leader_epoch)  # fmt: skip
@@ -232,7 +249,9 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         if hosted is None:
             lg = self.get_or_create_log(tp, topic_config)
-            hosted = HostedPartition(Partition(tp[0], tp[1], self.broker_id), lg, dict(topic_config or {}))
+            hosted = HostedPartition(
+                Partition(tp[0], tp[1], self.broker_id), lg, dict(topic_config or {})
+            )
             hosted.state.high_watermark = max(lg.log_start_offset,
                                               min(self._checkpointed_hw.get(tp, 0), lg.log_end_offset))  # fmt: skip
             hosted.state.log_start_offset = lg.log_start_offset
@@ -373,7 +392,11 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         partition = tp[1]
         if hosted is None:
-            return ProducePartitionResponse(partition, ErrorCode.unknown_topic_or_partition), None, None
+            return (
+                ProducePartitionResponse(partition, ErrorCode.unknown_topic_or_partition),
+                None,
+                None,
+            )
         state = hosted.state
         if not state.is_leader:
             return ProducePartitionResponse(partition, ErrorCode.not_leader_or_follower), None, None
@@ -551,7 +574,9 @@ class ReplicaManager:
 
     # -- offsets ------------------------------------------------------------------------------
 
-    def list_offset(self, tp: TopicPartition, timestamp: int, consumer: bool) -> tuple[int, int, int]:
+    def list_offset(
+        self, tp: TopicPartition, timestamp: int, consumer: bool
+    ) -> tuple[int, int, int]:
         """(error code, timestamp, offset) as ListOffsets answers them."""
         hosted = self.partitions.get(tp)
         if hosted is None:

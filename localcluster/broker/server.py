@@ -103,7 +103,9 @@ class BrokerServer:
             coord.connect, self.coordination,
             session_timeout_ms=self.config.zookeeper_session_timeout_ms)  # fmt: skip
         self.metadata_cache = MetadataCache()
-        self.metadata = ClusterMetadata(self.coord, self.config.broker_id, self.config, self.metadata_cache)
+        self.metadata = ClusterMetadata(
+            self.coord, self.config.broker_id, self.config, self.metadata_cache
+        )
         try:
             await self._await_free_registration()
             await asyncio.to_thread(self.replica_manager.open_logs)
@@ -128,7 +130,9 @@ class BrokerServer:
         unix = unix_listen(str(self.socket_path))
         apis = KafkaApis(self.replica_manager, self.metadata)
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
-        self.replica_manager.isr_writer = lambda update: asyncio.to_thread(self.metadata.update_isr, update)
+        self.replica_manager.isr_writer = lambda update: asyncio.to_thread(
+            self.metadata.update_isr, update
+        )
         self.replica_manager.fetchers = ReplicaFetcherManager(
             self.replica_manager, c.broker_id, c.replica_fetch_wait_max_ms,
             lambda broker: asyncio.to_thread(self.metadata.broker_socket, broker))  # fmt: skip
@@ -172,7 +176,9 @@ class BrokerServer:
         previous = None
         while time.monotonic() < deadline:
             try:
-                remaining = await controlled_shutdown(self.metadata, self.controller, self.config.broker_id)
+                remaining = await controlled_shutdown(
+                    self.metadata, self.controller, self.config.broker_id
+                )
             except Exception as e:
                 log.info("controlled shutdown: %s; retrying", e)
                 remaining = None
@@ -186,8 +192,10 @@ class BrokerServer:
                 return
             previous = remaining
             await asyncio.sleep(0.1)
-        log.warning("controlled shutdown did not complete in %d s; shutting down anyway",
-                    CONTROLLED_SHUTDOWN_TIMEOUT_S)
+        log.warning(
+            "controlled shutdown did not complete in %d s; shutting down anyway",
+            CONTROLLED_SHUTDOWN_TIMEOUT_S,
+        )
 
     async def _watch_session(self) -> None:
         """A broker paused (SIGSTOP) longer than zookeeper.session.timeout.ms comes back with

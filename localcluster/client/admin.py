@@ -81,7 +81,9 @@ class AsyncAdmin:
         for attempt in range(2):
             connection = await self.cluster.any_connection()
             try:
-                return await self.cluster.fetch_metadata(connection, topics, allow_auto_create=False)
+                return await self.cluster.fetch_metadata(
+                    connection, topics, allow_auto_create=False
+                )
             except KafkaConnectionError:
                 self.cluster.connection_failed(connection)
                 if attempt:
@@ -134,7 +136,9 @@ class AsyncAdmin:
         snapshot = await self._metadata([name])
         info: TopicInfo | None = snapshot.topics.get(name)
         if info is None:
-            raise KafkaError(f"topic {name!r}: not in the broker's answer", ErrorCode.unknown_topic_or_partition)
+            raise KafkaError(
+                f"topic {name!r}: not in the broker's answer", ErrorCode.unknown_topic_or_partition
+            )
         check_error(info.error_code, f"describe topic {name!r}")
         return TopicDescription(name, info.partitions)
 
@@ -179,7 +183,9 @@ class Admin:
 
     def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,
                      config: Mapping[str, str] | None = None, **kwargs) -> None:  # fmt: skip
-        self._thread.run(self._admin.create_topic(name, partitions, replication_factor, config, **kwargs))
+        self._thread.run(
+            self._admin.create_topic(name, partitions, replication_factor, config, **kwargs)
+        )
 
     def describe_cluster(self) -> ClusterDescription:
         return self._thread.run(self._admin.describe_cluster())

@@ -268,7 +268,9 @@ class BrokerConnection:
                 raise self._closed
             correlation_id = next(self._correlation) & 0x7FFFFFFF
             head = Writer()
-            write_request_header(head, RequestHeader(api_key, version, correlation_id, self.client_id))
+            write_request_header(
+                head, RequestHeader(api_key, version, correlation_id, self.client_id)
+            )
             body = encode(version)
             try:
                 self._writer.write(_SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body)
@@ -313,7 +315,9 @@ class BrokerConnection:
                 head = await self._reader.readexactly(4)
                 (size,) = _SIZE.unpack(head)
                 if size < 4 or size > MAX_RESPONSE_BYTES:
-                    raise KafkaConnectionError(f"broker at {self.address} sent a frame of {size} bytes")
+                    raise KafkaConnectionError(
+                        f"broker at {self.address} sent a frame of {size} bytes"
+                    )
                 frame = await self._reader.readexactly(size)
                 self._dispatch(frame)
         except asyncio.IncompleteReadError:

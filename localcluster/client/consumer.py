@@ -223,7 +223,9 @@ class AsyncConsumer:
             raise state.error
         return state.position
 
-    async def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+    async def beginning_offsets(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
         found = await self.list_offsets({tuple(tp): EARLIEST_TIMESTAMP for tp in partitions})
         return {tp: offset for tp, (offset, _) in found.items()}
 
@@ -254,10 +256,14 @@ class AsyncConsumer:
             last_error: KafkaError | None = None
             for leader, tps in by_leader.items():
                 if leader < 0:
-                    last_error = KafkaError(f"no leader known for {tps}", ErrorCode.leader_not_available, True)
+                    last_error = KafkaError(
+                        f"no leader known for {tps}", ErrorCode.leader_not_available, True
+                    )
                     continue
                 try:
-                    answers = await self._list_offsets_from(leader, {tp: remaining[tp] for tp in tps})
+                    answers = await self._list_offsets_from(
+                        leader, {tp: remaining[tp] for tp in tps}
+                    )
                 except KafkaConnectionError as e:
                     last_error = e
                     continue
@@ -288,7 +294,9 @@ class AsyncConsumer:
                    "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}  # fmt: skip
         try:
             frame, offset = await connection.send(
-                ApiKey.LIST_OFFSETS, lambda v: messages.encode_request(ApiKey.LIST_OFFSETS, v, request))
+                ApiKey.LIST_OFFSETS,
+                lambda v: messages.encode_request(ApiKey.LIST_OFFSETS, v, request),
+            )
         except KafkaConnectionError:
             self.cluster.connection_failed(connection)
             raise
@@ -302,7 +310,9 @@ class AsyncConsumer:
                     self.cluster.request_metadata_refresh()
         return out
 
-    async def _reset_positions(self, tps: list[TopicPartition], timeout_ms: int | None = None) -> None:
+    async def _reset_positions(
+        self, tps: list[TopicPartition], timeout_ms: int | None = None
+    ) -> None:
         policy = self.config["auto.offset.reset"]
         if policy == "none":
             for tp in tps:
@@ -349,11 +359,15 @@ class AsyncConsumer:
                         return []  # no leader to ask yet; the next poll tries again
                 continue
             remaining = deadline - loop.time()
-            sent = self._send_fetches(max(0, min(self.config["fetch.max.wait.ms"], int(remaining * 1000))))
+            sent = self._send_fetches(
+                max(0, min(self.config["fetch.max.wait.ms"], int(remaining * 1000)))
+            )
             if not self._fetches:
                 if remaining <= 0:
                     return []
-                await self.cluster.wait_for_metadata_change(min(remaining, self.config["retry.backoff.ms"] / 1000))
+                await self.cluster.wait_for_metadata_change(
+                    min(remaining, self.config["retry.backoff.ms"] / 1000)
+                )
                 continue
             self._ready.clear()
             if remaining <= 0:
@@ -415,19 +429,24 @@ class AsyncConsumer:
             if leader in self._fetches:
                 continue
             positions = {tp: self._assignment[tp].position for tp in tps}
-            task = asyncio.get_running_loop().create_task(self._fetch(leader, positions, max_wait_ms))
+            task = asyncio.get_running_loop().create_task(
+                self._fetch(leader, positions, max_wait_ms)
+            )
             self._fetches[leader] = task
             sent.append(task)
         return sent
 
-    async def _fetch(self, leader: int, positions: dict[TopicPartition, int], max_wait_ms: int) -> None:
+    async def _fetch(
+        self, leader: int, positions: dict[TopicPartition, int], max_wait_ms: int
+    ) -> None:
         c = self.config
         try:
             connection = await self.cluster.connection(leader)
             topics: dict[str, list[fetch.FetchPartition]] = {}
             for (topic, partition), offset in positions.items():
                 topics.setdefault(topic, []).append(
-                    fetch.FetchPartition(partition, offset, c["max.partition.fetch.bytes"]))
+                    fetch.FetchPartition(partition, offset, c["max.partition.fetch.bytes"])
+                )
             request = fetch.FetchRequest(fetch.CONSUMER_REPLICA_ID, max_wait_ms, c["fetch.min.bytes"],
                                          c["fetch.max.bytes"], 0, list(topics.items()))  # fmt: skip
             try:
@@ -443,7 +462,9 @@ class AsyncConsumer:
                 raise KafkaError.from_code(error_code, f"fetch from broker {leader}")
             for topic, partitions in responses:
                 for p in partitions:
-                    self._handle_partition((topic, p.partition), positions.get((topic, p.partition)), p)
+                    self._handle_partition(
+                        (topic, p.partition), positions.get((topic, p.partition)), p
+                    )
         except KafkaError as e:
             log.info("fetch from broker %d failed: %s", leader, e)
             backoff = time.monotonic() + c["retry.backoff.ms"] / 1000
@@ -461,7 +482,12 @@ class AsyncConsumer:
 
     def _handle_partition(self, tp: TopicPartition, fetch_offset: int | None, p) -> None:
         state = self._assignment.get(tp)
-        if state is None or fetch_offset is None or state.position != fetch_offset or state.buffered:
+        if (
+            state is None
+            or fetch_offset is None
+            or state.position != fetch_offset
+            or state.buffered
+        ):
             return  # unassigned or sought meanwhile: this answer is for an old position
         if p.error_code == ErrorCode.offset_out_of_range:
             policy = self.config["auto.offset.reset"]
@@ -470,7 +496,9 @@ class AsyncConsumer:
                     f"{tp[0]}-{tp[1]}: offset {fetch_offset} is out of range (auto.offset.reset=none)",
                     ErrorCode.offset_out_of_range)  # fmt: skip
             else:
-                log.info("%s-%d: offset %d out of range; resetting to %s", *tp, fetch_offset, policy)
+                log.info(
+                    "%s-%d: offset %d out of range; resetting to %s", *tp, fetch_offset, policy
+                )
                 state.pending_reset = policy
             return
         if p.error_code:
@@ -489,7 +517,9 @@ class AsyncConsumer:
             state.error = e
             return
         except ValueError as e:  # CorruptRecordError
-            state.error = KafkaError(f"fetch {tp[0]}-{tp[1]} at {fetch_offset}: {e}", ErrorCode.corrupt_message)
+            state.error = KafkaError(
+                f"fetch {tp[0]}-{tp[1]} at {fetch_offset}: {e}", ErrorCode.corrupt_message
+            )
             return
         if records or (next_offset is not None and next_offset > fetch_offset):
             state.buffered = FetchedPartition(tp, fetch_offset, collections.deque(records),

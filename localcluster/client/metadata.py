@@ -96,7 +96,9 @@ def read_registrations(cluster_dir: str | os.PathLike) -> dict[int, tuple[str, i
 
     store = Path(cluster_dir) / "store"
     if not store.is_dir():
-        raise KafkaConnectionError(f"{cluster_dir} holds no coordination store ({store} is missing)")
+        raise KafkaConnectionError(
+            f"{cluster_dir} holds no coordination store ({store} is missing)"
+        )
     client = coord.connect(str(store))
     try:
         out = {}
@@ -117,7 +119,9 @@ def read_registrations(cluster_dir: str | os.PathLike) -> dict[int, tuple[str, i
 def bootstrap_addresses(bootstrap_servers: str | Iterable[str] | None) -> list[Address]:
     if bootstrap_servers is None:
         return []
-    items = bootstrap_servers.split(",") if isinstance(bootstrap_servers, str) else bootstrap_servers
+    items = (
+        bootstrap_servers.split(",") if isinstance(bootstrap_servers, str) else bootstrap_servers
+    )
     return [Address.parse(s) for s in items if s.strip()]
 
 
@@ -160,7 +164,9 @@ class Cluster:
     async def _read_cluster_dir(self) -> None:
         registrations = await asyncio.to_thread(read_registrations, self.cluster_dir)
         self._unix_sockets = {b: r[2] for b, r in registrations.items() if r[2]}
-        found = [Address(unix_socket=s) if s else Address(h, p) for h, p, s in registrations.values()]
+        found = [
+            Address(unix_socket=s) if s else Address(h, p) for h, p, s in registrations.values()
+        ]
         if not found and not self.bootstrap:
             raise KafkaConnectionError(f"no broker is registered in {self.cluster_dir}")
         self.bootstrap = found + [a for a in self.bootstrap if a not in found]
@@ -197,7 +203,9 @@ class Cluster:
 
     async def _open(self, key, address: Address) -> BrokerConnection:
         try:
-            wait_s = self._last_failure.get(key, 0) + self.reconnect_backoff_ms / 1000 - time.monotonic()
+            wait_s = (
+                self._last_failure.get(key, 0) + self.reconnect_backoff_ms / 1000 - time.monotonic()
+            )
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
             try:
@@ -296,7 +304,8 @@ class Cluster:
         request = {"topics": None if topics is None else [{"name": t} for t in topics],
                    "allow_auto_topic_creation": auto}  # fmt: skip
         frame, offset = await connection.send(
-            ApiKey.METADATA, lambda v: messages.encode_request(ApiKey.METADATA, v, request))
+            ApiKey.METADATA, lambda v: messages.encode_request(ApiKey.METADATA, v, request)
+        )
         version = connection.version(ApiKey.METADATA)
         response = messages.decode_response(ApiKey.METADATA, version, frame, offset)
         brokers = {b.node_id: BrokerInfo(b.node_id, b.host, b.port, getattr(b, "rack", None),

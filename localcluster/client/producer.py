@@ -268,7 +268,9 @@ class AsyncProducer:
         finally:
             self._waiting_sends -= 1
 
-    def _partition(self, topic: str, record: Record, partition: int | None, num_partitions: int) -> int:
+    def _partition(
+        self, topic: str, record: Record, partition: int | None, num_partitions: int
+    ) -> int:
         if partition is None:
             return self._choose_partition(topic, record.key, num_partitions)
         if not 0 <= partition < num_partitions:
@@ -283,14 +285,20 @@ class AsyncProducer:
     async def send_and_wait(self, topic: str, value, **kwargs) -> tuple[int, int]:
         return await (await self.send(topic, value, **kwargs))
 
-    async def send_batch(self, topic: str, partition: int, records: bytes | Sequence[Record]) -> asyncio.Future:
+    async def send_batch(
+        self, topic: str, partition: int, records: bytes | Sequence[Record]
+    ) -> asyncio.Future:
         """Queue one prebuilt batch (encoded RecordBatch v2 bytes, or Records to encode once).
 
         The fast path for benchmarks: no per-record futures. Resolves to (partition, base offset).
         """
         if self._closing:
             raise KafkaError("send_batch() on a closed producer")
-        raw = records if isinstance(records, bytes | bytearray | memoryview) else encode_batch(records)
+        raw = (
+            records
+            if isinstance(records, bytes | bytearray | memoryview)
+            else encode_batch(records)
+        )
         header = validate_batch(raw, 0, check_crc=False)
         self._waiting_sends += 1
         try:
@@ -319,7 +327,11 @@ class AsyncProducer:
             info = self.cluster.metadata.topics.get(topic)
             if info is not None and info.partitions and info.error_code == 0:
                 return len(info.partitions)
-            if info is not None and info.error_code and not KafkaError.from_code(info.error_code).retriable:
+            if (
+                info is not None
+                and info.error_code
+                and not KafkaError.from_code(info.error_code).retriable
+            ):
                 raise KafkaError.from_code(info.error_code, f"topic {topic!r}")
             if time.monotonic() > deadline:
                 raise KafkaError(f"topic {topic!r} not in the metadata after max.block.ms="
@@ -334,8 +346,14 @@ class AsyncProducer:
         if partition >= 0 and partition < num_partitions and (batch is None or not batch.closed):
             return partition
         info = self.cluster.metadata.topics[topic]
-        available = [p.partition for p in info.partitions if self.cluster.metadata.leader((topic, p.partition)) is not None]
-        choices = [p for p in (available or range(num_partitions)) if p != partition] or [max(partition, 0)]
+        available = [
+            p.partition
+            for p in info.partitions
+            if self.cluster.metadata.leader((topic, p.partition)) is not None
+        ]
+        choices = [p for p in (available or range(num_partitions)) if p != partition] or [
+            max(partition, 0)
+        ]
         partition = random.choice(choices)
         self._sticky[topic] = (partition, None)
         return partition
@@ -365,7 +383,9 @@ class AsyncProducer:
     def _new_batch(self, tp: TopicPartition) -> ProducerBatch:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        batch = ProducerBatch(tp, next(self._sequence), now, now + self.config["delivery.timeout.ms"] / 1000)
+        batch = ProducerBatch(
+            tp, next(self._sequence), now, now + self.config["delivery.timeout.ms"] / 1000
+        )
         batch.done = loop.create_future()
         queue = self._queues.get(tp)
         if queue is None:
@@ -379,7 +399,11 @@ class AsyncProducer:
     def _append(self, tp: TopicPartition, record: Record, size: int) -> asyncio.Future:
         queue = self._queues.get(tp)
         batch = queue[-1] if queue else None
-        if batch is None or batch.closed or (batch.count and batch.size + size > self.config["batch.size"]):
+        if (
+            batch is None
+            or batch.closed
+            or (batch.count and batch.size + size > self.config["batch.size"])
+        ):
             batch = self._new_batch(tp)
         sticky = self._sticky.get(tp[0])
         if sticky is not None and sticky[0] == tp[1] and sticky[1] is not batch:

@@ -104,8 +104,7 @@ def _assign_rack_aware(brokers, partitions, rf, fixed_start_index, start_partiti
                 k += 1
                 rack = rack_of[broker]
                 if (rack not in racks_with_replica or len(racks_with_replica) == num_racks) and (
-                    broker not in brokers_with_replica
-                    or len(brokers_with_replica) == n
+                    broker not in brokers_with_replica or len(brokers_with_replica) == n
                 ):
                     replicas.append(broker)
                     racks_with_replica.add(rack)

@@ -42,7 +42,9 @@ class _Request:
 class RequestBatch:
     controller_id: int
     controller_epoch: int
-    leader_and_isr: dict[int, dict[tuple[str, int], cr.PartitionState]] = field(default_factory=dict)
+    leader_and_isr: dict[int, dict[tuple[str, int], cr.PartitionState]] = field(
+        default_factory=dict
+    )
     stop_replica: dict[tuple[int, bool], set[tuple[str, int]]] = field(default_factory=dict)
 
     def add_leader_and_isr(self, brokers, state: cr.PartitionState) -> None:
@@ -61,7 +63,11 @@ class RequestBatch:
         for (broker, delete), tps in sorted(self.stop_replica.items()):
             request = cr.StopReplicaRequest(self.controller_id, self.controller_epoch, delete,
                                             tuple(sorted(tps)))  # fmt: skip
-            callback = (lambda response, b=broker: on_stop_replica(b, response)) if on_stop_replica else None
+            callback = (
+                (lambda response, b=broker: on_stop_replica(b, response))
+                if on_stop_replica
+                else None
+            )
             channel.send(broker, ApiKey.STOP_REPLICA, cr.write_stop_replica(request), callback)
         self.leader_and_isr.clear()
         self.stop_replica.clear()

@@ -34,7 +34,13 @@ EVENT_QUEUE_BOUND = 10_000
 
 
 class KafkaController:
-    def __init__(self, broker_id: int, zk: KafkaZkClient, config, on_event: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        broker_id: int,
+        zk: KafkaZkClient,
+        config,
+        on_event: Callable[[str], None] | None = None,
+    ):
         self.broker_id = broker_id
         self.zk = zk
         self.config = config
@@ -59,7 +65,9 @@ class KafkaController:
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue(EVENT_QUEUE_BOUND)
         self._task = self._loop.create_task(self._run())
-        self._seat_watch = DataWatch(self.zk.coord, paths.CONTROLLER, lambda data, stat: self.enqueue("seat"))
+        self._seat_watch = DataWatch(
+            self.zk.coord, paths.CONTROLLER, lambda data, stat: self.enqueue("seat")
+        )
 
     async def stop(self) -> None:
         if self._seat_watch is not None:
@@ -123,7 +131,9 @@ class KafkaController:
     async def _maybe_elect(self) -> None:
         holder = await self.run_blocking(self.zk.controller_id)
         if self.is_active and holder != self.broker_id:
-            log.warning("controller %d: /controller now names %s; resigning", self.broker_id, holder)
+            log.warning(
+                "controller %d: /controller now names %s; resigning", self.broker_id, holder
+            )
             await self._resign()
         if self.is_active or holder is not None:
             return
@@ -191,7 +201,9 @@ class KafkaController:
             self.enqueue(kind)
         interval_s = self.config.leader_imbalance_check_interval_seconds
         if self.config.auto_leader_rebalance_enable and interval_s > 0:
-            self._timers.append(asyncio.get_running_loop().create_task(self._every(interval_s, "rebalance")))
+            self._timers.append(
+                asyncio.get_running_loop().create_task(self._every(interval_s, "rebalance"))
+            )
 
     async def _every(self, interval_s: float, kind: str) -> None:
         while True:
@@ -228,7 +240,9 @@ class KafkaController:
             lead = ctx.leadership.get(tp)
             if lead is not None:
                 led = lead.state.leader in live
-                ctx.partition_states.move(tp, PartitionState.ONLINE if led else PartitionState.OFFLINE)
+                ctx.partition_states.move(
+                    tp, PartitionState.ONLINE if led else PartitionState.OFFLINE
+                )
 
     def _register_watches(self) -> None:
         coord = self.zk.coord
@@ -284,7 +298,9 @@ class KafkaController:
     async def _on_broker_change(self) -> None:
         ctx = self.ctx
         current = await self.run_blocking(self.zk.live_brokers)
-        bounced = {b for b, r in current.items() if b in ctx.live_brokers and r != ctx.live_brokers[b]}
+        bounced = {
+            b for b, r in current.items() if b in ctx.live_brokers and r != ctx.live_brokers[b]
+        }
         dead = (set(ctx.live_brokers) - set(current)) | bounced
         new = (set(current) - set(ctx.live_brokers)) | bounced
         ctx.live_brokers = current

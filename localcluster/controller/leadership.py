@@ -91,10 +91,14 @@ class PartitionLeadership:
         if found is not None:  # written by an earlier controller: elect from what is there
             self.ctx.leadership[tp] = Leadership(*found)
             return await self.elect(tp, OFFLINE, batch)
-        version = await self.run(self.zk.create_partition_state, tp, state, self.ctx.epoch_zk_version)
+        version = await self.run(
+            self.zk.create_partition_state, tp, state, self.ctx.epoch_zk_version
+        )
         self.ctx.leadership[tp] = Leadership(state, version)
         self.add_leader_and_isr(batch, tp, self.ctx.assignments[tp], is_new=True)
-        self.events(f"{tp[0]}-{tp[1]}: leader {state.leader} elected (new partition), ISR {list(state.isr)}")
+        self.events(
+            f"{tp[0]}-{tp[1]}: leader {state.leader} elected (new partition), ISR {list(state.isr)}"
+        )
         return True
 
     def _decide(self, tp: TopicPartition, election: str) -> tuple[int | None, tuple[int, ...]]:
@@ -111,11 +115,15 @@ class PartitionLeadership:
             return leader, tuple(r for r in isr if r in live)
         if election == REASSIGN:
             target = ctx.reassignments.get(tp, assignment)
-            return reassign_partition_leader_election(target, isr, live), tuple(r for r in isr if r in target)
+            return reassign_partition_leader_election(target, isr, live), tuple(
+                r for r in isr if r in target
+            )
         if election == PREFERRED:
             return preferred_replica_partition_leader_election(assignment, isr, live), isr
         if election == CONTROLLED_SHUTDOWN:
-            leader = controlled_shutdown_partition_leader_election(assignment, isr, live, ctx.shutting_down)
+            leader = controlled_shutdown_partition_leader_election(
+                assignment, isr, live, ctx.shutting_down
+            )
             return leader, tuple(r for r in isr if r not in ctx.shutting_down)
         raise AssertionError(f"unknown election {election}")
 
@@ -132,11 +140,17 @@ class PartitionLeadership:
             state = LeaderAndIsr(leader, current.leader_epoch + 1, isr, self.ctx.epoch)
             if await self._write(tp, state):
                 self.add_leader_and_isr(batch, tp, self.ctx.assignments[tp])
-                unclean = "" if leader in current.isr else " UNCLEAN (not in the ISR: records may be lost)"
+                unclean = (
+                    ""
+                    if leader in current.isr
+                    else " UNCLEAN (not in the ISR: records may be lost)"
+                )
                 self.events(f"{tp[0]}-{tp[1]}: leader {leader} elected ({election}) in epoch "
                             f"{state.leader_epoch}, ISR {list(isr)}{unclean}")  # fmt: skip
                 return True
-        log.error("controller: %s-%d: gave up electing after %d version clashes", *tp, MAX_WRITE_ATTEMPTS)
+        log.error(
+            "controller: %s-%d: gave up electing after %d version clashes", *tp, MAX_WRITE_ATTEMPTS
+        )
         return False
 
     async def _mark_leaderless(self, tp: TopicPartition) -> None:
@@ -149,7 +163,9 @@ class PartitionLeadership:
             self.events(f"{tp[0]}-{tp[1]}: OFFLINE, no live replica in ISR {list(current.isr)} "
                         "(unclean.leader.election.enable=false)")  # fmt: skip
 
-    async def remove_replica_from_isr(self, tp: TopicPartition, replica: int, batch: RequestBatch) -> None:
+    async def remove_replica_from_isr(
+        self, tp: TopicPartition, replica: int, batch: RequestBatch
+    ) -> None:
         """Drop a replica that went away from the ISR, but never the last member (Kafka's
         rule): a leaderless partition keeps it, so it can lead cleanly when it returns."""
         for _ in range(MAX_WRITE_ATTEMPTS):
@@ -159,10 +175,16 @@ class PartitionLeadership:
             if len(lead.state.isr) == 1:
                 return
             isr = tuple(r for r in lead.state.isr if r != replica)
-            state = LeaderAndIsr(lead.state.leader, lead.state.leader_epoch + 1, isr, self.ctx.epoch)
+            state = LeaderAndIsr(
+                lead.state.leader, lead.state.leader_epoch + 1, isr, self.ctx.epoch
+            )
             if await self._write(tp, state):
-                self.add_leader_and_isr(batch, tp, [r for r in self.ctx.assignments[tp] if r != replica])
-                self.events(f"{tp[0]}-{tp[1]}: ISR shrank to {list(isr)} (broker {replica} is gone)")
+                self.add_leader_and_isr(
+                    batch, tp, [r for r in self.ctx.assignments[tp] if r != replica]
+                )
+                self.events(
+                    f"{tp[0]}-{tp[1]}: ISR shrank to {list(isr)} (broker {replica} is gone)"
+                )
                 return
 
     async def bump_epoch(self, tp: TopicPartition, batch: RequestBatch, isr=None) -> bool:

@@ -180,7 +180,9 @@ class TopicOperations:
         if leader not in target or leader not in ctx.live_brokers:
             await self.c.leadership.elect(tp, REASSIGN, batch)
         else:
-            await self.c.leadership.bump_epoch(tp, batch, isr=[r for r in lead.state.isr if r in target])
+            await self.c.leadership.bump_epoch(
+                tp, batch, isr=[r for r in lead.state.isr if r in target]
+            )
         for r in removed:
             self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
             self.ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
@@ -216,7 +218,11 @@ class TopicOperations:
         batch = self.c.new_batch()
         for tp in sorted(partitions):
             lead = ctx.leadership.get(tp)
-            if lead is None or ctx.assignments[tp][0] == lead.state.leader or tp in ctx.reassignments:
+            if (
+                lead is None
+                or ctx.assignments[tp][0] == lead.state.leader
+                or tp in ctx.reassignments
+            ):
                 continue
             await self.c.leadership.elect(tp, PREFERRED, batch)
         self.c.send(batch)

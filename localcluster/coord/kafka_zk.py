@@ -128,7 +128,9 @@ class KafkaZkClient:
                     continue
             epoch = int(data) + 1
             try:
-                new_stat = self.coord.set(paths.CONTROLLER_EPOCH, str(epoch).encode(), version=stat.version)
+                new_stat = self.coord.set(
+                    paths.CONTROLLER_EPOCH, str(epoch).encode(), version=stat.version
+                )
                 return epoch, new_stat.version
             except BadVersionError:
                 continue
@@ -156,7 +158,9 @@ class KafkaZkClient:
             return {}
         return decode_topic_config(config_path(topic), data)
 
-    def create_topic(self, topic: str, table: dict[int, tuple[int, ...]], config: dict[str, str]) -> None:
+    def create_topic(
+        self, topic: str, table: dict[int, tuple[int, ...]], config: dict[str, str]
+    ) -> None:
         """Write config and assignment in one transaction (the controller does the rest)."""
         tx = self.coord.transaction()
         tx.create(config_path(topic), encode_topic_config(config))
@@ -189,7 +193,9 @@ class KafkaZkClient:
             raise ControllerMovedError(f"/controller_epoch moved on ({results[0]}): another "
                                        "controller was elected")  # fmt: skip
         for r in results[1:]:
-            if isinstance(r, Exception) and not isinstance(r, RolledBackError | RuntimeInconsistencyError):
+            if isinstance(r, Exception) and not isinstance(
+                r, RolledBackError | RuntimeInconsistencyError
+            ):
                 raise r
         return results[1:]
 
@@ -283,7 +289,9 @@ class KafkaZkClient:
         entries = self._admin_partitions(paths.REASSIGN_PARTITIONS, watch)
         if entries is None:
             return None
-        return {(e["topic"], int(e["partition"])): tuple(int(r) for r in e["replicas"]) for e in entries}
+        return {
+            (e["topic"], int(e["partition"])): tuple(int(r) for r in e["replicas"]) for e in entries
+        }
 
     def write_reassignments(self, remaining: dict[TopicPartition, tuple[int, ...]]) -> None:
         if not remaining:

@@ -113,7 +113,13 @@ def read_leader_and_isr(r: Reader) -> LeaderAndIsrRequest:
     controller_id, controller_epoch, is_init = r.int32(), r.int32(), bool(r.int8())
     partitions = []
     for _ in range(r.array_length()):
-        topic, partition, cepoch, leader, epoch = r.string(), r.int32(), r.int32(), r.int32(), r.int32()
+        topic, partition, cepoch, leader, epoch = (
+            r.string(),
+            r.int32(),
+            r.int32(),
+            r.int32(),
+            r.int32(),
+        )
         isr = _int32s(r)
         zk_version = r.int32()
         replicas = _int32s(r)
@@ -161,7 +167,9 @@ def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
         _write_int32s(w, offline)
     w.int32(len(request.brokers))
     for b in request.brokers:
-        w.int32(b.broker_id).string(b.host).int32(b.port).nullable_string(b.rack).string(b.unix_socket)
+        w.int32(b.broker_id).string(b.host).int32(b.port).nullable_string(b.rack).string(
+            b.unix_socket
+        )
     return w.getvalue()
 
 
@@ -169,15 +177,25 @@ def read_update_metadata(r: Reader) -> UpdateMetadataRequest:
     controller_id, controller_epoch = r.int32(), r.int32()
     partitions, offline = [], []
     for _ in range(r.array_length()):
-        topic, partition, cepoch, leader, epoch = r.string(), r.int32(), r.int32(), r.int32(), r.int32()
+        topic, partition, cepoch, leader, epoch = (
+            r.string(),
+            r.int32(),
+            r.int32(),
+            r.int32(),
+            r.int32(),
+        )
         isr = _int32s(r)
         zk_version = r.int32()
         replicas = _int32s(r)
         offline.append(_int32s(r))
-        partitions.append(PartitionState(topic, partition, cepoch, leader, epoch, isr, zk_version, replicas))
+        partitions.append(
+            PartitionState(topic, partition, cepoch, leader, epoch, isr, zk_version, replicas)
+        )
     brokers = tuple(MetadataBroker(r.int32(), r.string(), r.int32(), r.nullable_string(), r.string())
                     for _ in range(r.array_length()))  # fmt: skip
-    return UpdateMetadataRequest(controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers)
+    return UpdateMetadataRequest(
+        controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers
+    )
 
 
 def write_error_code(error_code: int) -> bytes:

@@ -143,7 +143,9 @@ def write_fetch_response(
     return parts
 
 
-def read_fetch_response(reader: Reader, version: int) -> tuple[int, list[tuple[str, list[FetchPartitionResponse]]]]:
+def read_fetch_response(
+    reader: Reader, version: int
+) -> tuple[int, list[tuple[str, list[FetchPartitionResponse]]]]:
     """(top-level error code, responses); records come back as memoryviews of the frame."""
     reader.int32()  # throttle_time_ms
     error_code = 0

@@ -75,7 +75,10 @@ def build(schema: type, data: Mapping) -> Any:
     for field, nested in _fields(schema):
         if field.name in data:
             value = data[field.name]
-        elif field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING:
+        elif (
+            field.default is not dataclasses.MISSING
+            or field.default_factory is not dataclasses.MISSING
+        ):
             continue
         else:
             value = _zero(field, nested)

@@ -83,7 +83,9 @@ def write_produce_response(
     return w.getvalue()
 
 
-def read_produce_response(reader: Reader, version: int) -> list[tuple[str, list[ProducePartitionResponse]]]:
+def read_produce_response(
+    reader: Reader, version: int
+) -> list[tuple[str, list[ProducePartitionResponse]]]:
     out = []
     for _ in range(reader.array_length()):
         name = reader.string()

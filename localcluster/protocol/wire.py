@@ -36,7 +36,9 @@ class Reader:
     def _take(self, s: struct.Struct) -> int:
         pos = self.pos
         if pos + s.size > len(self.buf):
-            raise MalformedRequestError(f"needs {s.size} bytes at {pos}, frame ends at {len(self.buf)}")
+            raise MalformedRequestError(
+                f"needs {s.size} bytes at {pos}, frame ends at {len(self.buf)}"
+            )
         self.pos = pos + s.size
         return s.unpack_from(self.buf, pos)[0]
 

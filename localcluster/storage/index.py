@@ -161,7 +161,9 @@ class BatchIndex:
         relative = offset - self.base_offset
         if relative <= 0:
             return 0
-        return int(self.relative_offsets.searchsorted(np.int32(min(relative, INT32_MAX)), side="left"))
+        return int(
+            self.relative_offsets.searchsorted(np.int32(min(relative, INT32_MAX)), side="left")
+        )
 
     def first_batch_with_timestamp_at_least(self, timestamp: int) -> int:
         """Index of the first batch whose records may reach `timestamp` (count when none)."""

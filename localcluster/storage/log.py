@@ -404,8 +404,10 @@ class Log:
         while len(self._segments) > 1 and self._segments[1].base_offset <= limit:
             segment = self._segments[0]
             largest = segment.largest_timestamp()
-            expired = config.retention_ms >= 0 and largest is not None and (
-                now_ms - largest > config.retention_ms
+            expired = (
+                config.retention_ms >= 0
+                and largest is not None
+                and (now_ms - largest > config.retention_ms)
             )
             oversize = config.retention_bytes >= 0 and excess - segment.size >= 0
             if not (expired or oversize):
@@ -460,4 +462,3 @@ def _remove_leftovers(directory: Path) -> None:
         elif path.suffix in (".index", ".timeindex") and not path.with_suffix(SUFFIX).exists():
             log.info("log %s: removing %s, whose segment is gone", directory, path.name)
             path.unlink(missing_ok=True)
-

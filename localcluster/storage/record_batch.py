@@ -252,8 +252,7 @@ def validate_batch(buf, position: int = 0, *, check_crc: bool = True) -> BatchHe
         raise CorruptRecordError(f"magic {header.magic} is not supported (only v2 batches)")
     if header.records_count != header.last_offset_delta + 1 or header.records_count < 1:
         raise CorruptRecordError(
-            f"recordsCount {header.records_count} != lastOffsetDelta "
-            f"{header.last_offset_delta} + 1"
+            f"recordsCount {header.records_count} != lastOffsetDelta {header.last_offset_delta} + 1"
         )
     if check_crc:
         end = position + header.size
@@ -268,7 +267,9 @@ def validate_batch(buf, position: int = 0, *, check_crc: bool = True) -> BatchHe
     return header
 
 
-def iter_batches(buf, position: int = 0, *, check_crc: bool = True) -> Iterator[tuple[int, BatchHeader]]:
+def iter_batches(
+    buf, position: int = 0, *, check_crc: bool = True
+) -> Iterator[tuple[int, BatchHeader]]:
     """(position, header) of each valid batch from `position`; raises at the first bad one."""
     end = len(buf)
     while position < end:

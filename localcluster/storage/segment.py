@@ -125,7 +125,9 @@ class LogSegment:
                     why = "last time index entry does not match the last batch"
                 self.next_offset = last.next_offset
         if why is not None:
-            log.warning("index of %s is not usable (%s); rebuilding it from the log", self.path, why)
+            log.warning(
+                "index of %s is not usable (%s); rebuilding it from the log", self.path, why
+            )
             return False
         return True
 
@@ -302,7 +304,7 @@ class LogSegment:
         self.make_appendable()
         self.index.truncate_entries(i)
         self.truncate_to_position(position)
-        self.next_offset = (self.batch_header(i - 1).next_offset if i else self.base_offset)
+        self.next_offset = self.batch_header(i - 1).next_offset if i else self.base_offset
         return removed
 
     def _is_zero(self, start: int, stop: int) -> bool:

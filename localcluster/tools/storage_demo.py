@@ -54,7 +54,9 @@ def run_demo(records: int, kills: int, directory: Path | None = None) -> int:
         root = directory or Path(tmp)
         ok = _append_and_read(console, root / "demo-0", records)
         ok &= _kill_and_recover(console, root / "demo-1", kills)
-    console.print("[bold green]storage demo passed[/]" if ok else "[bold red]storage demo FAILED[/]")
+    console.print(
+        "[bold green]storage demo passed[/]" if ok else "[bold red]storage demo FAILED[/]"
+    )
     return 0 if ok else 1
 
 

@@ -66,10 +66,20 @@ def stored_batches(socket_path, topic: str, partition: int = 0):
         try:
             out, offset = [], 0
             while True:
-                req = fetch.FetchRequest(-1, 0, 1, 1 << 24, 0,
-                                         [(topic, [fetch.FetchPartition(partition, offset, 1 << 24)])])
-                frame, pos = await c.send(ApiKey.FETCH, lambda v, req=req: fetch.write_fetch_request(req, v))
-                _, responses = fetch.read_fetch_response(Reader(frame, pos), c.version(ApiKey.FETCH))
+                req = fetch.FetchRequest(
+                    -1,
+                    0,
+                    1,
+                    1 << 24,
+                    0,
+                    [(topic, [fetch.FetchPartition(partition, offset, 1 << 24)])],
+                )
+                frame, pos = await c.send(
+                    ApiKey.FETCH, lambda v, req=req: fetch.write_fetch_request(req, v)
+                )
+                _, responses = fetch.read_fetch_response(
+                    Reader(frame, pos), c.version(ApiKey.FETCH)
+                )
                 p = responses[0][1][0]
                 assert p.error_code == 0, p.error_code
                 if not p.records:
@@ -99,7 +109,9 @@ def test_produce_with_acks_and_read_back_exactly(brokers, broker, acks):
         admin.wait_for_leaders("acks")
     wanted = expected_records(300)
     with Producer(cluster_dir=cluster, acks=acks, linger_ms=2) as producer:
-        futures = [producer.send("acks", v, key=k, headers=h, timestamp_ms=ts) for v, k, h, ts in wanted]
+        futures = [
+            producer.send("acks", v, key=k, headers=h, timestamp_ms=ts) for v, k, h, ts in wanted
+        ]
         producer.flush(20)
         results = [f.result(0) for f in futures]
     if acks == 0:
@@ -120,7 +132,9 @@ def test_async_producer_over_tcp_with_keys_spread_by_murmur2(broker):
             with Admin(bootstrap_servers=broker.bootstrap) as admin:
                 admin.create_topic("keyed", 4, 1)
                 admin.wait_for_leaders("keyed")
-            futures = [await producer.send("keyed", b"v", key=f"key-{i}".encode()) for i in range(200)]
+            futures = [
+                await producer.send("keyed", b"v", key=f"key-{i}".encode()) for i in range(200)
+            ]
             return [await f for f in futures]
 
     results = asyncio.run(go())
@@ -150,7 +164,9 @@ def test_batching_batches(brokers, broker):
 
     # send_batch: one prebuilt batch is one stored batch, whatever it holds
     with Producer(cluster_dir=cluster) as producer:
-        partition, base = producer.send_batch("batched", 0, [Record(b"a"), Record(b"b", key=b"k")]).result(20)
+        partition, base = producer.send_batch(
+            "batched", 0, [Record(b"a"), Record(b"b", key=b"k")]
+        ).result(20)
     assert (partition, base) == (0, n)
     assert stored_batches(broker.socket_path, "batched")[-1].records_count == 2
 
@@ -159,8 +175,12 @@ def test_producer_and_consumer_keep_working_across_a_broker_restart(brokers, bro
     cluster = str(brokers.cluster_dir)
     expected = ([f"before-{i}".encode() for i in range(50)]
                 + [f"during-{i}".encode() for i in range(50)] + [b"after"])  # fmt: skip
-    with Producer(cluster_dir=cluster, linger_ms=0, retry_backoff_ms=20) as producer, \
-            Consumer(cluster_dir=cluster, auto_offset_reset="earliest", retry_backoff_ms=20) as consumer:
+    with (
+        Producer(cluster_dir=cluster, linger_ms=0, retry_backoff_ms=20) as producer,
+        Consumer(
+            cluster_dir=cluster, auto_offset_reset="earliest", retry_backoff_ms=20
+        ) as consumer,
+    ):
         before = [producer.send("restart", f"before-{i}".encode(), partition=0) for i in range(50)]
         producer.flush(20)
         assert [f.result(0)[1] for f in before] == list(range(50))
@@ -179,14 +199,20 @@ def test_producer_and_consumer_keep_working_across_a_broker_restart(brokers, bro
     assert [r.offset for r in got] == list(range(101))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("localcluster.controller.controller") is None,
-                    reason="needs the controller to elect a new leader")
+@pytest.mark.skipif(
+    importlib.util.find_spec("localcluster.controller.controller") is None,
+    reason="needs the controller to elect a new leader",
+)
 def test_producer_and_consumer_follow_the_leader_after_it_is_killed(brokers):
     started = {i: brokers.start(i) for i in (1, 2)}
     cluster = str(brokers.cluster_dir)
-    with Admin(cluster_dir=cluster) as admin, \
-            Producer(cluster_dir=cluster, acks="all", linger_ms=1, retry_backoff_ms=20) as producer, \
-            Consumer(cluster_dir=cluster, auto_offset_reset="earliest", retry_backoff_ms=20) as consumer:
+    with (
+        Admin(cluster_dir=cluster) as admin,
+        Producer(cluster_dir=cluster, acks="all", linger_ms=1, retry_backoff_ms=20) as producer,
+        Consumer(
+            cluster_dir=cluster, auto_offset_reset="earliest", retry_backoff_ms=20
+        ) as consumer,
+    ):
         admin.create_topic("failover", 1, 2)
         wait_until(lambda: len(admin.wait_for_leaders("failover").partitions[0].isr) == 2, 10)
         before = [producer.send("failover", f"a{i}".encode()) for i in range(100)]
@@ -219,7 +245,9 @@ def test_consumer_seek_position_and_partial_batches(brokers, broker):
     cluster = str(brokers.cluster_dir)
     with Producer(cluster_dir=cluster) as producer:
         for b in range(10):  # 10 batches of 10 records, ~1.1 KB each
-            records = [Record(f"{b}-{i}".encode() * 20, timestamp=T0 + b * 10 + i) for i in range(10)]
+            records = [
+                Record(f"{b}-{i}".encode() * 20, timestamp=T0 + b * 10 + i) for i in range(10)
+            ]
             producer.send_batch("seek", 0, records).result(20)
     values = [f"{b}-{i}".encode() * 20 for b in range(10) for i in range(10)]
     # 1500 bytes per partition fetch, about one batch: many small fetches. (This broker answers
@@ -308,7 +336,9 @@ def test_admin_create_describe_list(brokers, broker):
 
 def test_our_records_read_by_confluent_kafka(broker):
     wanted = expected_records(200, "ours")
-    with Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"}) as producer:  # Kafka style
+    with Producer(
+        {"bootstrap.servers": broker.bootstrap, "acks": "all"}
+    ) as producer:  # Kafka style
         futures = [producer.send("to-rd", v, key=k, headers=h, timestamp_ms=ts, partition=0)
                    for v, k, h, ts in wanted]  # fmt: skip
         producer.flush(20)
@@ -347,7 +377,9 @@ def test_confluent_kafka_records_read_by_our_consumer(broker):
         (failures if err else delivered).append(err or (msg.key(), msg.partition(), msg.offset()))
 
     for v, k, h, ts in wanted:
-        producer.produce("from-rd", v, key=k, headers=list(h), timestamp=ts, on_delivery=on_delivery)
+        producer.produce(
+            "from-rd", v, key=k, headers=list(h), timestamp=ts, on_delivery=on_delivery
+        )
     assert producer.flush(20) == 0 and not failures
     with Consumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign([("from-rd", p) for p in range(4)])

@@ -30,7 +30,9 @@ def cluster(brokers):
             for i in range(1, n + 1):
                 self.brokers[i] = brokers.start(i, **settings)
             self.zk = KafkaZkClient(coord.connect(str(brokers.cluster_dir / "store")))
-            wait_until(lambda: self.zk.controller_id() is not None, message="a controller is elected")
+            wait_until(
+                lambda: self.zk.controller_id() is not None, message="a controller is elected"
+            )
             return self
 
         @property
@@ -107,18 +109,22 @@ class LoadProducer:
 
 def consume_all(bootstrap, topic, partitions, timeout_s=30) -> list[bytes]:
     """Every record of the topic up to each partition's high watermark at the call."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "check", "enable.auto.commit": False}
+    )
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
             for p in range(partitions)}  # fmt: skip
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     values, reached = [], {p: 0 for p in range(partitions)}
     try:
+
         def done():
             message = consumer.poll(0.2)
             if message is not None and not message.error():
                 values.append(message.value())
                 reached[message.partition()] = message.offset() + 1
             return all(reached[p] >= ends[p] for p in ends)
+
         wait_until(done, timeout_s=timeout_s, interval_s=0, message=f"consumed up to {ends}")
     finally:
         consumer.close()
@@ -146,7 +152,9 @@ def test_killing_the_controller_elects_another_that_still_creates_and_elects(clu
     epoch_before = int(c.zk.coord.get(paths.CONTROLLER_EPOCH)[0])
     old = c.zk.controller_id()
     c.brokers[old].kill()
-    wait_until(lambda: c.zk.controller_id() not in (None, old), timeout_s=10, message="a new controller")
+    wait_until(
+        lambda: c.zk.controller_id() not in (None, old), timeout_s=10, message="a new controller"
+    )
     # The winner creates /controller first, then bumps the epoch.
     wait_until(lambda: int(c.zk.coord.get(paths.CONTROLLER_EPOCH)[0]) == epoch_before + 1)
     c.create_topic("after", 2, 2)
@@ -165,13 +173,17 @@ def test_unclean_election_off_leaves_the_partition_offline(cluster):
     follower = next(b for b in c.brokers if b != leader)
     os.kill(c.brokers[follower].pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: c.state("u").isr == (leader,), timeout_s=10, message="follower out of ISR")
+        wait_until(
+            lambda: c.state("u").isr == (leader,), timeout_s=10, message="follower out of ISR"
+        )
     finally:
         os.kill(c.brokers[follower].pid, signal.SIGCONT)
         c.brokers[follower].kill()  # it must not catch up: it stays out of sync
     c.restart(follower)
     c.brokers[leader].kill()
-    wait_until(lambda: c.state("u").leader == -1, timeout_s=10, message="the partition goes offline")
+    wait_until(
+        lambda: c.state("u").leader == -1, timeout_s=10, message="the partition goes offline"
+    )
     assert c.state("u").isr == (leader,)  # kept, so the last in-sync replica can lead again
 
 
@@ -276,7 +288,6 @@ def test_deleting_a_topic_removes_its_logs_and_znodes(cluster):
     finally:
         consumer.close()
     assert (low, high) == (0, 0)
-
 
 
 def test_every_broker_serves_metadata_the_controller_sent(cluster):

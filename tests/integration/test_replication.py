@@ -116,7 +116,10 @@ def test_acks_all_honours_min_insync_replicas(cluster):
         # Appended while 2 is still in the ISR, then 2 drops out: the HW passes the record
         # with one replica in sync, so the producer hears NOT_ENOUGH_REPLICAS_AFTER_APPEND.
         errors = produce(leader, [b"b"], timeout_ms=20_000)
-        assert errors[0] is not None and errors[0].code() == KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert (
+            errors[0] is not None
+            and errors[0].code() == KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        )
         wait_until(lambda: isr(c) == [1])
         errors = produce(leader, [b"c"])
         assert errors[0] is not None and errors[0].code() == KafkaError.NOT_ENOUGH_REPLICAS
@@ -165,12 +168,16 @@ def test_kip_101_scenario_1_stale_hw_truncation_loses_a_committed_record(cluster
     c.brokers_set.restart(c.brokers[follower])
     os.kill(c.brokers[leader].pid, signal.SIGSTOP)  # the follower cannot refetch m2
     try:
-        c.elect(TOPIC, leader=leader, leader_epoch=1, isr=[1, 2], replicas=[1, 2], send_to=[follower])
+        c.elect(
+            TOPIC, leader=leader, leader_epoch=1, isr=[1, 2], replicas=[1, 2], send_to=[follower]
+        )
         if protocol == "hw-truncation":
             wait_until(lambda: log_end_offset(data_dir(c, follower)) == 1)
     finally:
         c.brokers[leader].kill()
-    c.elect(TOPIC, leader=follower, leader_epoch=2, isr=[follower], replicas=[1, 2], send_to=[follower])
+    c.elect(
+        TOPIC, leader=follower, leader_epoch=2, isr=[follower], replicas=[1, 2], send_to=[follower]
+    )
     values = record_values(data_dir(c, follower))
     wait_until(lambda: high_watermark(c.brokers[follower].bootstrap) == len(values))
     assert values == ([b"m1"] if lost else [b"m1", b"m2"])

@@ -31,9 +31,19 @@ def test_address_parse():
 
 
 def test_resolve_config_takes_kafka_names_and_keywords():
-    defaults = {"linger.ms": 5, "batch.size": 16384, "check.crcs": True, "auto.offset.reset": "latest"}
+    defaults = {
+        "linger.ms": 5,
+        "batch.size": 16384,
+        "check.crcs": True,
+        "auto.offset.reset": "latest",
+    }
     got = resolve_config(defaults, {"linger.ms": "7"}, {"batch_size": 10, "check_crcs": "false"})
-    assert got == {"linger.ms": 7, "batch.size": 10, "check.crcs": False, "auto.offset.reset": "latest"}
+    assert got == {
+        "linger.ms": 7,
+        "batch.size": 10,
+        "check.crcs": False,
+        "auto.offset.reset": "latest",
+    }
     with pytest.raises(ValueError, match="unknown setting 'lingr.ms'"):
         resolve_config(defaults, {"lingr.ms": 1}, {})
     with pytest.raises(ValueError, match="expected an integer"):
@@ -88,8 +98,11 @@ class FakeBroker:
 
     @staticmethod
     def send(writer, header, body: bytes, correlation_id: int | None = None):
-        head = response_header(header.api_key, header.api_version,
-                               header.correlation_id if correlation_id is None else correlation_id)
+        head = response_header(
+            header.api_key,
+            header.api_version,
+            header.correlation_id if correlation_id is None else correlation_id,
+        )
         writer.write(struct.pack(">i", len(head) + len(body)) + head + body)
 
     async def close(self):
@@ -164,8 +177,10 @@ def test_a_wrong_correlation_id_closes_the_connection(tmp_path):
         c = await BrokerConnection.open(await broker.serve(tmp_path))
         try:
             with pytest.raises(KafkaConnectionError, match="correlation id 999"):
-                await c.send(ApiKey.METADATA,
-                             lambda v: messages.encode_request(ApiKey.METADATA, v, {"topics": None}))
+                await c.send(
+                    ApiKey.METADATA,
+                    lambda v: messages.encode_request(ApiKey.METADATA, v, {"topics": None}),
+                )
             assert c.closed
             with pytest.raises(KafkaConnectionError):
                 await c.send(ApiKey.METADATA, lambda v: b"")
@@ -203,8 +218,10 @@ def test_request_timeout_closes_the_connection(tmp_path):
         broker = FakeBroker({ApiKey.METADATA: (0, 8)}, on_request)
         c = await BrokerConnection.open(await broker.serve(tmp_path), request_timeout_ms=100)
         with pytest.raises(RequestTimedOutError, match="unanswered after 100 ms"):
-            await c.send(ApiKey.METADATA,
-                         lambda v: messages.encode_request(ApiKey.METADATA, v, {"topics": None}))
+            await c.send(
+                ApiKey.METADATA,
+                lambda v: messages.encode_request(ApiKey.METADATA, v, {"topics": None}),
+            )
         assert c.closed
         await broker.close()
 

@@ -20,7 +20,9 @@ TP = ("t", 0)
 
 
 def batch(base: int, values: list[bytes], attributes: int = 0, ts: int = 1000) -> bytes:
-    records = [Record(v, key=b"k" + v, headers=(("h", v),), timestamp=ts + i) for i, v in enumerate(values)]
+    records = [
+        Record(v, key=b"k" + v, headers=(("h", v),), timestamp=ts + i) for i, v in enumerate(values)
+    ]
     return encode_batch(records, BatchSpec(base_offset=base, attributes=attributes))
 
 
@@ -98,7 +100,9 @@ class CuttingBroker:
             request = messages.decode_request(ApiKey.LIST_OFFSETS, v, body.buf, body.pos)
             ts = request.topics[0].partitions[0].timestamp
             offset = 0 if ts == -2 else self.end_offset
-            data = {"topics": [{"name": "t", "partitions": [{"partition_index": 0, "offset": offset}]}]}
+            data = {
+                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "offset": offset}]}]
+            }
             broker.send(writer, header, messages.encode_response(ApiKey.LIST_OFFSETS, v, data))
         elif header.api_key == ApiKey.FETCH:
             request = fetch.read_fetch_request(body, v)
@@ -106,14 +110,20 @@ class CuttingBroker:
             if p.fetch_offset > self.end_offset:
                 answer = fetch.FetchPartitionResponse(0, 1)  # OFFSET_OUT_OF_RANGE
             else:
-                start = max(pos for base, pos in self.starts if base <= p.fetch_offset) if (
-                    p.fetch_offset < self.end_offset) else len(self.log)
+                start = (
+                    max(pos for base, pos in self.starts if base <= p.fetch_offset)
+                    if (p.fetch_offset < self.end_offset)
+                    else len(self.log)
+                )
                 chunk = self.log[start : start + p.partition_max_bytes]
                 self.fetches.append((p.fetch_offset, len(chunk)))
                 answer = fetch.FetchPartitionResponse(0, 0, self.end_offset, self.end_offset, 0,
                                                       [chunk] if chunk else [])  # fmt: skip
-            broker.send(writer, header, b"".join(bytes(x) for x in
-                                                 fetch.write_fetch_response([("t", [answer])], v)))
+            broker.send(
+                writer,
+                header,
+                b"".join(bytes(x) for x in fetch.write_fetch_response([("t", [answer])], v)),
+            )
 
 
 def run_consumer(batches, body, **settings):
@@ -146,7 +156,9 @@ def test_poll_refetches_the_partial_batch_a_response_ends_with():
     fake, (records, position) = run_consumer(batches, body, max_partition_fetch_bytes=size + size // 2,
                                              fetch_max_wait_ms=0)  # fmt: skip
     assert [r.offset for r in records] == list(range(60)) and position == 60
-    assert [r.value for r in records] == [f"{i}-{j}".encode() * 10 for i in range(6) for j in range(10)]
+    assert [r.value for r in records] == [
+        f"{i}-{j}".encode() * 10 for i in range(6) for j in range(10)
+    ]
     assert all(n == size + size // 2 for _, n in fake.fetches[:5])  # each answer ends mid-batch
     assert [o for o, _ in fake.fetches[:6]] == [0, 10, 20, 30, 40, 50]
 

@@ -73,7 +73,9 @@ class FakeLeader:
             data = {"brokers": [{"node_id": 1, "host": "127.0.0.1", "port": self.port}],
                     "controller_id": 1,
                     "topics": [{"name": "t", "error_code": 0, "partitions": partitions}]}  # fmt: skip
-            broker.send(writer, header, messages.encode_response(ApiKey.METADATA, header.api_version, data))
+            broker.send(
+                writer, header, messages.encode_response(ApiKey.METADATA, header.api_version, data)
+            )
         elif header.api_key == ApiKey.PRODUCE:
             request = produce.read_produce_request(body, header.api_version)
             results, seen = [], []
@@ -92,7 +94,9 @@ class FakeLeader:
                 results.append((topic, out))
             self.produce_requests.append(seen)
             if request.acks != 0:
-                broker.send(writer, header, produce.write_produce_response(results, header.api_version))
+                broker.send(
+                    writer, header, produce.write_produce_response(results, header.api_version)
+                )
 
 
 def run_with_fake(errors, body, **settings):

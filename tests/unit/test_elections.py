@@ -51,5 +51,10 @@ def test_preferred_replica_partition_leader_election(assignment, isr, live, expe
     ((1, 2, 3), (1, 2), {1, 2, 3}, {1, 2}, None),
     ((1,), (1,), {1}, {1}, None),  # a single replica has nowhere to go
 ])  # fmt: skip
-def test_controlled_shutdown_partition_leader_election(assignment, isr, live, shutting_down, expected):
-    assert controlled_shutdown_partition_leader_election(assignment, isr, live, shutting_down) == expected
+def test_controlled_shutdown_partition_leader_election(
+    assignment, isr, live, shutting_down, expected
+):
+    assert (
+        controlled_shutdown_partition_leader_election(assignment, isr, live, shutting_down)
+        == expected
+    )
