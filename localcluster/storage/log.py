@@ -50,7 +50,7 @@ class LogConfig:
     segment_index_bytes: int = 10 << 20  # log.index.size.max.bytes
     retention_bytes: int = -1  # log.retention.bytes (-1: no limit)
     retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
-    prefault_bytes: int = 4 << 20  # pages prefaulted ahead of the write position
+    prefault_bytes: int = 1 << 20  # pages prefaulted ahead of the write position
 
     def __post_init__(self):
         if not 2 * rb.HEADER_SIZE <= self.segment_bytes <= INT32_MAX:
