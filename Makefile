@@ -73,12 +73,13 @@ PROTOCOL ?= leader-epoch
 sim: $(VENV)/.installed-test
 	$(BIN)/python -m tests.sim.simulator --seeds $(START):$$(( $(START) + $(SEEDS) )) --protocol $(PROTOCOL)
 
-bench: $(VENV)/.installed-bench
+bench: $(VENV)/.installed-bench system-deps
 	$(BIN)/python -m bench.storage
 	$(BIN)/python -m bench.coord
 	$(BIN)/python -m bench.broker
 	$(BIN)/python -m bench.commit
 	$(BIN)/python -m bench.failover
+	$(BIN)/python -m bench.startup
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check localcluster tests bench
