@@ -174,3 +174,48 @@ def test_random_sweep_with_unclean_election_loses_acknowledged_records():
     kinds = [kind for _, ok, kind, _, _ in results if not ok]
     assert "acked-lost" in kinds, f"no seed of {UNCLEAN_SEEDS} lost an acknowledged record"
     assert set(kinds) == {"acked-lost"}, kinds  # the data is lost; the replicas still agree
+
+
+# -- the network and the clock ------------------------------------------------------------------
+
+
+class _Sink:
+    def __init__(self):
+        self.got = []
+        self.alive = True
+
+    def receive(self, src, msg):
+        if self.alive:
+            self.got.append((src, msg))
+        return self.alive
+
+
+def test_the_network_delays_reorders_cuts_heals_and_drops_from_its_seed():
+    import random
+
+    from tests.sim.clock import ManualClock, Scheduler
+    from tests.sim.network import Network
+
+    def run(seed):
+        scheduler = Scheduler(ManualClock())
+        net = Network(random.Random(seed), scheduler, min_delay_ms=1, max_delay_ms=9)
+        a, b = _Sink(), _Sink()
+        net.attach("a", a), net.attach("b", b), net.attach("zk", _Sink())
+        for i in range(50):
+            net.send("a", "b", i)
+        net.cut("a", "b")
+        net.send("a", "b", "cut")  # lost at send
+        net.send("zk", "b", "store")  # the store's answers are reliable by default
+        net.heal()
+        net.drop_rate = 1.0
+        net.send("b", "a", "dropped")
+        while scheduler.run_one():
+            pass
+        return [msg for _, msg in b.got], a.got, net.stats
+
+    got, to_a, stats = run(1)
+    assert sorted(m for m in got if isinstance(m, int)) == list(range(50))  # all delivered
+    assert [m for m in got if isinstance(m, int)] != list(range(50))  # ... not in order
+    assert "cut" not in got and "store" in got and to_a == []
+    assert (stats.cut, stats.dropped) == (1, 1)
+    assert run(1)[0] == got and run(2)[0] != got  # a function of the seed
