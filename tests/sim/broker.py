@@ -47,6 +47,8 @@ TopicPartition = tuple[str, int]
 NONE = ErrorCode.none
 
 
+ISR_WRITE_RETRY_MS = 500  # ReplicaManager's ISR_WRITE_RETRY_S
+
 @dataclass
 class SimConfig:
     """Broker settings, scaled down so that a run covers many timeouts in few steps."""
@@ -142,6 +144,7 @@ class SimBroker:
         self.next_shrink_ms = now + max(config.replica_lag_time_max_ms // 2, 10)
         self.next_retention_ms = now + config.log_retention_check_interval_ms
         self.next_heartbeat_ms = now
+        self.isr_retries: list[tuple[int, IsrUpdate]] = []  # (due ms, update) of unknown outcome
         self.open_logs()
 
     def now_ms(self) -> int:
@@ -217,6 +220,13 @@ class SimBroker:
         if now >= self.next_heartbeat_ms:
             self.send("zk", m.Heartbeat(self.session))
             self.next_heartbeat_ms = now + self.config.heartbeat_interval_ms
+        due = [u for t, u in self.isr_retries if t <= now]
+        self.isr_retries = [(t, u) for t, u in self.isr_retries if t > now]
+        for update in due:  # ReplicaManager._retry_isr_write
+            hosted = self.partitions.get((update.topic, update.partition))
+            if hosted is not None and hosted.state.pending_isr == update.isr and (
+                    hosted.state.leader_epoch == update.leader_epoch):  # fmt: skip
+                self.write_isr(update)
 
     def retention(self) -> None:
         """server._retention: delete old segments below the HW; the log start moves."""
@@ -238,10 +248,11 @@ class SimBroker:
             self.send("zk", m.IsrReadBack(corr, subject))
             return
         if kind == "isr-read":
-            # The read raised too: ReplicaManager._apply_isr_write takes it as a failed write.
+            # The read raised too: the outcome is unknown. ReplicaManager._apply_isr_write keeps
+            # the proposal pending (the HW keeps counting a member it adds) and asks again.
             self.trace(f"b{self.broker_id} isr read-back for {subject.topic}-{subject.partition} "
-                       f"unanswered: taken as failed")  # fmt: skip
-            self._apply_isr_result(subject, False, subject.zk_version)
+                       f"unanswered: outcome unknown, asking again")  # fmt: skip
+            self.isr_retries.append((self.now_ms() + ISR_WRITE_RETRY_MS, subject))
             return
         if followed is not None and followed.inflight is not None:
             followed.inflight = None

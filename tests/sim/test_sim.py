@@ -34,12 +34,6 @@ KIP_SCENARIOS = [
     "kip279_two_rounds",
 ]
 KNOWN_BUGS = {
-    "isr_write_and_read_back_lost": (
-        "runtime bug: when an ISR write raised and so did its read-back (ZooKeeper unreachable "
-        "for a while), ReplicaManager._apply_isr_write takes the write as not landed; the leader "
-        "keeps the old ISR while ZooKeeper may hold the expanded one, and its HW (and acks=all) "
-        "pass a member the controller may elect"
-    ),
     "leader_bounce_during_controller_failover": (
         "a leader that restarts while no controller runs is sent its old epoch by the next "
         "controller and leads it again from its checkpointed HW: the HW goes back within the "
