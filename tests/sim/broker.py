@@ -49,6 +49,7 @@ NONE = ErrorCode.none
 
 ISR_WRITE_RETRY_MS = 500  # ReplicaManager's ISR_WRITE_RETRY_S
 
+
 @dataclass
 class SimConfig:
     """Broker settings, scaled down so that a run covers many timeouts in few steps."""
