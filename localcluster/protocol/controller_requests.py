@@ -96,15 +96,27 @@ def _write_int32s(w: Writer, values) -> None:
         w.int32(v)
 
 
+def _write_partition_state(w: Writer, p: PartitionState) -> None:
+    """The fields LeaderAndIsr and UpdateMetadata share, in their order."""
+    w.string(p.topic).int32(p.partition).int32(p.controller_epoch).int32(p.leader)
+    w.int32(p.leader_epoch)
+    _write_int32s(w, p.isr)
+    w.int32(p.zk_version)
+    _write_int32s(w, p.replicas)
+
+
+def _read_partition_state(r: Reader) -> tuple:
+    """(topic, partition, controller epoch, leader, leader epoch, isr, zk version, replicas)."""
+    topic, partition, controller_epoch = r.string(), r.int32(), r.int32()
+    leader, leader_epoch, isr = r.int32(), r.int32(), _int32s(r)
+    return topic, partition, controller_epoch, leader, leader_epoch, isr, r.int32(), _int32s(r)
+
+
 def write_leader_and_isr(request: LeaderAndIsrRequest) -> bytes:
     w = Writer().int32(request.controller_id).int32(request.controller_epoch)
     w.int8(int(request.is_init)).int32(len(request.partitions))
     for p in request.partitions:
-        w.string(p.topic).int32(p.partition).int32(p.controller_epoch).int32(p.leader)
-        w.int32(p.leader_epoch)
-        _write_int32s(w, p.isr)
-        w.int32(p.zk_version)
-        _write_int32s(w, p.replicas)
+        _write_partition_state(w, p)
         w.int8(int(p.is_new))
     return w.getvalue()
 
@@ -113,18 +125,8 @@ def read_leader_and_isr(r: Reader) -> LeaderAndIsrRequest:
     controller_id, controller_epoch, is_init = r.int32(), r.int32(), bool(r.int8())
     partitions = []
     for _ in range(r.array_length()):
-        topic, partition, cepoch, leader, epoch = (
-            r.string(),
-            r.int32(),
-            r.int32(),
-            r.int32(),
-            r.int32(),
-        )
-        isr = _int32s(r)
-        zk_version = r.int32()
-        replicas = _int32s(r)
-        partitions.append(PartitionState(topic, partition, cepoch, leader, epoch, isr, zk_version,
-                                         replicas, bool(r.int8())))  # fmt: skip
+        fields = _read_partition_state(r)
+        partitions.append(PartitionState(*fields, is_new=bool(r.int8())))
     return LeaderAndIsrRequest(controller_id, controller_epoch, tuple(partitions), is_init)
 
 
@@ -159,11 +161,7 @@ def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
     w = Writer().int32(request.controller_id).int32(request.controller_epoch)
     w.int32(len(request.partitions))
     for p, offline in zip(request.partitions, request.offline_replicas, strict=True):
-        w.string(p.topic).int32(p.partition).int32(p.controller_epoch).int32(p.leader)
-        w.int32(p.leader_epoch)
-        _write_int32s(w, p.isr)
-        w.int32(p.zk_version)
-        _write_int32s(w, p.replicas)
+        _write_partition_state(w, p)
         _write_int32s(w, offline)
     w.int32(len(request.brokers))
     for b in request.brokers:
@@ -177,20 +175,8 @@ def read_update_metadata(r: Reader) -> UpdateMetadataRequest:
     controller_id, controller_epoch = r.int32(), r.int32()
     partitions, offline = [], []
     for _ in range(r.array_length()):
-        topic, partition, cepoch, leader, epoch = (
-            r.string(),
-            r.int32(),
-            r.int32(),
-            r.int32(),
-            r.int32(),
-        )
-        isr = _int32s(r)
-        zk_version = r.int32()
-        replicas = _int32s(r)
+        partitions.append(PartitionState(*_read_partition_state(r)))
         offline.append(_int32s(r))
-        partitions.append(
-            PartitionState(topic, partition, cepoch, leader, epoch, isr, zk_version, replicas)
-        )
     brokers = tuple(MetadataBroker(r.int32(), r.string(), r.int32(), r.nullable_string(), r.string())
                     for _ in range(r.array_length()))  # fmt: skip
     return UpdateMetadataRequest(
