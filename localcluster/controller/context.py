@@ -46,9 +46,6 @@ class ControllerContext:
     def live_ids(self) -> set[int]:
         return set(self.live_brokers) - self.shutting_down
 
-    def live_or_shutting_down(self) -> set[int]:
-        return set(self.live_brokers)
-
     def topics(self) -> set[str]:
         return {t for t, _ in self.assignments}
 

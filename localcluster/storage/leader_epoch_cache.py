@@ -43,10 +43,6 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
 
-    def start_offset_of(self, epoch: int) -> int | None:
-        i = bisect.bisect_left(self._epochs, epoch)
-        return self._starts[i] if i < len(self._epochs) and self._epochs[i] == epoch else None
-
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
         """(largest epoch <= requested, the offset where it ends), as in KIP-279.
 
