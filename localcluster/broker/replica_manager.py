@@ -201,6 +201,8 @@ class ReplicaManager:
             (tp[0], tp[1], h.state.is_leader, h.log.log_end_offset, h.state.high_watermark)
             for tp, h in sorted(self.partitions.items()))  # fmt: skip
 
+    # -- LeaderAndIsr and StopReplica --------------------------------------------------------
+
     def become_leader_or_follower(self, request: LeaderAndIsrRequest,
                                   topic_configs: dict[str, dict[str, str]] | None = None) -> PartitionErrors:  # fmt: skip
         if request.controller_epoch < self.controller_epoch:
