@@ -490,15 +490,13 @@ def elect(target, kind, cluster_dir, as_json):
     if kind is None:
         raise click.UsageError("say which election: --preferred or --unclean")
     directory, spec = _spec(cluster_dir)
-    if kind == "unclean" and not cluster_admin.elect_unclean_supported():
-        raise ClusterError("an unclean election on request needs the controller's ElectLeaders "
-                           "support, which this build lacks; set unclean.leader.election.enable="
-                           "true on the topic to let the controller elect one when the ISR is gone")  # fmt: skip
-    result = cluster_admin.elect_preferred(spec, target)
+    result = cluster_admin.elect(spec, target, unclean=kind == "unclean")
     if as_json:
         _print_json(result)
         return
-    click.echo(f"preferred replica election requested for {len(result['partitions'])} partitions")
+    what = ("unclean election (partitions without a live leader only; records may be lost)"
+            if kind == "unclean" else "preferred replica election")  # fmt: skip
+    click.echo(f"{what} requested for {len(result['partitions'])} partitions")
     if result["controller"] is None:
         click.echo(
             "note: no controller is running, so nothing happens until one is elected", err=True

@@ -197,7 +197,7 @@ class KafkaController:
                 if replica not in ctx.live_brokers:
                     await self.leadership.remove_replica_from_isr(tp, replica, batch)
         self.send(batch)
-        for kind in ("deletions", "reassignments", "preferred"):
+        for kind in ("deletions", "reassignments", "preferred", "unclean"):
             self.enqueue(kind)
         interval_s = self.config.leader_imbalance_check_interval_seconds
         if self.config.auto_leader_rebalance_enable and interval_s > 0:
@@ -253,6 +253,7 @@ class KafkaController:
             ChildrenWatch(coord, paths.ISR_CHANGE_NOTIFICATION, lambda children: self.enqueue("isr_change")),
             DataWatch(coord, paths.REASSIGN_PARTITIONS, lambda data, stat: self.enqueue("reassignments")),
             DataWatch(coord, paths.PREFERRED_REPLICA_ELECTION, lambda data, stat: self.enqueue("preferred")),
+            DataWatch(coord, paths.UNCLEAN_LEADER_ELECTION, lambda data, stat: self.enqueue("unclean")),
         ]  # fmt: skip
         for topic in self.ctx.topics():
             self._watch_topic(topic)

@@ -33,6 +33,7 @@ OFFLINE = "offline"
 REASSIGN = "reassign"
 PREFERRED = "preferred"
 CONTROLLED_SHUTDOWN = "controlled shutdown"
+UNCLEAN = "unclean (requested)"
 
 
 class PartitionLeadership:
@@ -107,9 +108,10 @@ class PartitionLeadership:
         assignment = ctx.assignments[tp]
         live = set(ctx.live_brokers)
         isr = current.isr
-        if election == OFFLINE:
+        if election in (OFFLINE, UNCLEAN):
+            unclean = election == UNCLEAN or ctx.unclean_enabled(tp, self.unclean_default)
             leader = offline_partition_leader_election(assignment, isr, live - ctx.shutting_down,
-                                                       ctx.unclean_enabled(tp, self.unclean_default))  # fmt: skip
+                                                       unclean)  # fmt: skip
             if leader is not None and leader not in isr:
                 return leader, (leader,)  # unclean: the ISR starts over with the new leader
             return leader, tuple(r for r in isr if r in live)

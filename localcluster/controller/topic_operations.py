@@ -17,8 +17,9 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from localcluster.controller.leadership import CONTROLLED_SHUTDOWN, PREFERRED, REASSIGN
+from localcluster.controller.leadership import CONTROLLED_SHUTDOWN, PREFERRED, REASSIGN, UNCLEAN
 from localcluster.controller.state_machines import PartitionState, ReplicaState
+from localcluster.coord import paths
 from localcluster.coord.znode_data import TopicAssignment
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class TopicOperations:
             await self.on_reassignment_requests()
         elif kind == "preferred":
             await self.on_preferred_requests()
+        elif kind == "unclean":
+            await self.on_unclean_requests()
         elif kind == "rebalance":
             await self.check_leader_imbalance()
         elif kind == "controlled_shutdown":
@@ -207,11 +210,27 @@ class TopicOperations:
     # -- preferred election and rebalance -----------------------------------------------------
 
     async def on_preferred_requests(self) -> None:
-        requested = await self.run(self.zk.preferred_elections)
+        requested = await self.run(self.zk.requested_elections, paths.PREFERRED_REPLICA_ELECTION)
         if requested is None:
             return
         await self._elect_preferred([tp for tp in requested if tp in self.ctx.assignments])
-        await self.run(self.zk.delete_preferred_elections)
+        await self.run(self.zk.delete_election_request, paths.PREFERRED_REPLICA_ELECTION)
+
+    async def on_unclean_requests(self) -> None:
+        """An unclean election on request (Kafka's ElectLeaders with UNCLEAN): only for
+        partitions without a live leader; any live replica of AR may take over."""
+        requested = await self.run(self.zk.requested_elections, paths.UNCLEAN_LEADER_ELECTION)
+        if requested is None:
+            return
+        ctx = self.ctx
+        offline = [tp for tp in sorted(set(requested)) if tp in ctx.leadership
+                   and ctx.leadership[tp].state.leader not in ctx.live_brokers]  # fmt: skip
+        batch = self.c.new_batch()
+        for tp in offline:
+            ctx.move_partition(tp, PartitionState.OFFLINE)
+        await self.c.leadership.to_online(offline, UNCLEAN, batch)
+        self.c.send(batch)
+        await self.run(self.zk.delete_election_request, paths.UNCLEAN_LEADER_ELECTION)
 
     async def _elect_preferred(self, partitions) -> None:
         ctx = self.ctx

@@ -308,14 +308,16 @@ class KafkaZkClient:
         except NoNodeError:
             self.coord.create(paths.REASSIGN_PARTITIONS, value, makepath=True)
 
-    def preferred_elections(self, watch=None) -> list[TopicPartition] | None:
-        entries = self._admin_partitions(paths.PREFERRED_REPLICA_ELECTION, watch)
+    def requested_elections(self, path: str, watch=None) -> list[TopicPartition] | None:
+        """The partitions of an election request (/admin/preferred_replica_election or
+        /admin/unclean_leader_election); None when there is no request."""
+        entries = self._admin_partitions(path, watch)
         if entries is None:
             return None
         return [(e["topic"], int(e["partition"])) for e in entries]
 
-    def delete_preferred_elections(self) -> None:
+    def delete_election_request(self, path: str) -> None:
         try:
-            self.coord.delete(paths.PREFERRED_REPLICA_ELECTION)
+            self.coord.delete(path)
         except NoNodeError:
             pass

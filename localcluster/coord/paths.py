@@ -86,6 +86,8 @@ CONTROLLER_EPOCH = "/controller_epoch"
 ADMIN = "/admin"
 REASSIGN_PARTITIONS = "/admin/reassign_partitions"
 PREFERRED_REPLICA_ELECTION = "/admin/preferred_replica_election"
+# Ours (Kafka asks with the ElectLeaders API instead): partitions to elect uncleanly.
+UNCLEAN_LEADER_ELECTION = "/admin/unclean_leader_election"
 DELETE_TOPICS = "/admin/delete_topics"
 ISR_CHANGE_NOTIFICATION = "/isr_change_notification"
 ISR_CHANGE_PREFIX = "isr_change_"

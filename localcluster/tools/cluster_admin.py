@@ -255,33 +255,28 @@ def _partitions_for(client, target: str | None) -> list[tuple[str, int]]:
     return [(r["topic"], r["partition"]) for r in rows]
 
 
-def elect_preferred(spec: ClusterSpec, target: str | None) -> dict:
-    """Write /admin/preferred_replica_election (Kafka's JSON); the controller elects."""
+def elect(spec: ClusterSpec, target: str | None, unclean: bool = False) -> dict:
+    """Write /admin/preferred_replica_election (Kafka's JSON), or our
+    /admin/unclean_leader_election in the same format; the controller elects."""
     from localcluster.coord import NodeExistsError, paths
 
+    path = paths.UNCLEAN_LEADER_ELECTION if unclean else paths.PREFERRED_REPLICA_ELECTION
+    kind = "an unclean" if unclean else "a preferred replica"
     with cluster.store(spec) as client:
         chosen = _partitions_for(client, target)
         if not chosen:
             raise ClusterError("there are no partitions to elect leaders for; create a topic first")
         body = {"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in chosen]}
         try:
-            client.create(
-                paths.PREFERRED_REPLICA_ELECTION, json.dumps(body).encode(), makepath=True
-            )
+            client.create(path, json.dumps(body).encode(), makepath=True)
         except NodeExistsError:
-            raise ClusterError("a preferred replica election is already in progress; try again "
-                               f"when {paths.PREFERRED_REPLICA_ELECTION} is gone") from None  # fmt: skip
+            raise ClusterError(f"{kind} election is already in progress; try again when {path} "
+                               "is gone") from None  # fmt: skip
         controller = cluster.controller_id(client)
     return {
         "partitions": [{"topic": t, "partition": p} for t, p in chosen],
         "controller": controller,
     }
-
-
-def elect_unclean_supported() -> bool:
-    from localcluster.protocol.api import ApiKey
-
-    return hasattr(ApiKey, "ELECT_LEADERS")
 
 
 def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int]) -> dict:

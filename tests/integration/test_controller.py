@@ -185,6 +185,13 @@ def test_unclean_election_off_leaves_the_partition_offline(cluster):
         lambda: c.state("u").leader == -1, timeout_s=10, message="the partition goes offline"
     )
     assert c.state("u").isr == (leader,)  # kept, so the last in-sync replica can lead again
+    # An unclean election on request (what `localcluster elect --unclean u:0` writes) brings
+    # it back with the out-of-sync replica; its ISR starts over with the new leader alone.
+    request = {"version": 1, "partitions": [{"topic": "u", "partition": 0}]}
+    c.zk.coord.create(paths.UNCLEAN_LEADER_ELECTION, json.dumps(request).encode())
+    wait_until(lambda: c.state("u").leader == follower, timeout_s=10, message="unclean election")
+    assert c.state("u").isr == (follower,)
+    wait_until(lambda: c.zk.coord.exists(paths.UNCLEAN_LEADER_ELECTION) is None)
 
 
 def test_unclean_election_on_elects_an_out_of_sync_replica_and_records_are_lost(cluster):
