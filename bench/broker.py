@@ -31,13 +31,10 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,73 +46,14 @@ from bench.common import (
     print_table,
     write_results,
 )
+from localcluster.broker.process import BrokerProcess
 
 RECORD_VALUE_BYTES = 100
-READY = re.compile(r"broker (\d+) ready on ([\d.]+):(\d+) \(pid (\d+)\)")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # == shared helpers (bench.commit and bench.failover import these) ===========================
-
-
-class BrokerProcess:
-    """One `python -m localcluster.broker` in its own process group; ready = its ready line."""
-
-    def __init__(self, broker_id: int, cluster_dir: Path, data_dir: Path, settings: dict[str, str]):
-        self.broker_id = broker_id
-        self.cluster_dir = cluster_dir
-        self.settings = {"log.dirs": str(data_dir), **settings}
-        self.process: subprocess.Popen | None = None
-        self.port: int | None = None
-        self.output: list[str] = []
-        self._ready = threading.Event()
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self, timeout_s: float = 30.0) -> BrokerProcess:
-        args = [sys.executable, "-m", "localcluster.broker", "--id", str(self.broker_id),
-                "--cluster-dir", str(self.cluster_dir)]  # fmt: skip
-        for key, value in self.settings.items():
-            args += ["--set", f"{key}={value}"]
-        self._ready.clear()
-        self.output = []
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)  # fmt: skip
-        threading.Thread(target=self._drain, args=(self.process,), daemon=True).start()
-        if not self._ready.wait(timeout_s):
-            self.kill()
-            raise RuntimeError(f"broker {self.broker_id} not ready within {timeout_s} s:\n"
-                               + "".join(self.output[-40:]))  # fmt: skip
-        return self
-
-    def _drain(self, process: subprocess.Popen) -> None:
-        for line in process.stdout:
-            if len(self.output) < 2000:  # bounded: a chatty broker must not grow us forever
-                self.output.append(line)
-            match = READY.search(line)
-            if match:
-                self.port = int(match.group(3))
-                self._ready.set()
-
-    def is_alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group and reap it."""
-        if self.process is None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+# Brokers are localcluster.broker.process.BrokerProcess, the same class the tests use.
 
 
 class Cluster:
@@ -134,8 +72,8 @@ class Cluster:
     def start(self, broker_ids, **extra: str) -> list[BrokerProcess]:
         started = []
         for broker_id in broker_ids:
-            broker = BrokerProcess(broker_id, self.cluster_dir, self.data_root / f"broker-{broker_id}",
-                                   {**self.settings, **extra})  # fmt: skip
+            broker = BrokerProcess(broker_id, self.cluster_dir, {**self.settings, **extra},
+                                   data_dir=self.data_root / f"broker-{broker_id}")  # fmt: skip
             self.brokers[broker_id] = broker
             started.append(broker.start())
         return started
