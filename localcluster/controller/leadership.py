@@ -51,7 +51,12 @@ class PartitionLeadership:
         state = cr.PartitionState(tp[0], tp[1], self.ctx.epoch, lead.state.leader,
                                   lead.state.leader_epoch, lead.state.isr, lead.zk_version,
                                   self.ctx.assignments[tp], is_new)  # fmt: skip
-        batch.add_leader_and_isr([b for b in brokers if b in self.ctx.live_brokers], state)
+        # Not to brokers shutting down (Kafka's isReplicaOnline): one told to follow would
+        # fetch, catch up and be taken back into the ISR it is leaving.
+        ctx = self.ctx
+        batch.add_leader_and_isr(
+            [b for b in brokers if b in ctx.live_brokers and b not in ctx.shutting_down], state
+        )
 
     async def trigger_online_partition_state_change(self, batch: RequestBatch) -> None:
         """Bring every New or Offline partition (not being deleted) online if it can be."""

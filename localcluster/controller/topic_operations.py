@@ -278,8 +278,10 @@ class TopicOperations:
             if lead is None:
                 continue
             if lead.state.leader == broker:
-                if len(ctx.assignments[tp]) > 1:
-                    await self.c.leadership.elect(tp, CONTROLLED_SHUTDOWN, batch)
+                if len(ctx.assignments[tp]) > 1 and await self.c.leadership.elect(
+                    tp, CONTROLLED_SHUTDOWN, batch
+                ):
+                    batch.add_stop_replica(broker, tp, delete=False)  # it leads no more
             else:
                 await self.c.leadership.remove_replica_from_isr(tp, broker, batch)
                 batch.add_stop_replica(broker, tp, delete=False)
