@@ -21,7 +21,6 @@ from localcluster.protocol.api import (
     SUPPORTED,
     ApiKey,
     RequestHeader,
-    is_flexible,
     write_request_header,
 )
 from localcluster.protocol.wire import Reader, Writer
@@ -29,6 +28,7 @@ from localcluster.storage import Record, encode_batch, iter_batches, iter_record
 from localcluster.storage import record_batch as rb
 from tests.brokers import BrokerSet
 from tests.helpers import wait_until
+from tests.raw_connection import RawConnection
 
 REQUEST_MAX_BYTES = 64 * 1024
 MESSAGE_MAX_BYTES = 16 * 1024
@@ -44,59 +44,13 @@ INVALID_TOPIC_EXCEPTION = 17
 INVALID_REQUIRED_ACKS = 21
 
 
-class Raw:
-    """One TCP connection speaking framed requests."""
-
-    def __init__(self, port: int, timeout_s: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
-        self.local_port = self.sock.getsockname()[1]
-        self.correlation_id = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def send(self, api_key: int, version: int, body: bytes) -> int:
-        self.correlation_id += 1
-        w = Writer()
-        write_request_header(w, RequestHeader(api_key, version, self.correlation_id, "raw-test"))
-        w.bytes(body)
-        self.sock.sendall(struct.pack(">i", len(w.buf)) + bytes(w.buf))
-        return self.correlation_id
-
-    def recv_frame(self) -> bytes | None:
-        """The next response frame, or None when the broker closed the connection."""
-        head = self._recv_exactly(4)
-        if head is None:
-            return None
-        body = self._recv_exactly(struct.unpack(">i", head)[0])
-        assert body is not None, "the broker closed in the middle of a response"
-        return body
+class Raw(RawConnection):
+    """One TCP connection speaking framed requests, with the cases' APIs."""
 
     def request(self, api_key: int, version: int, body: bytes) -> Reader:
         """A Reader positioned at the response body."""
-        correlation_id = self.send(api_key, version, body)
-        data = self.recv_frame()
-        assert data is not None, f"connection closed instead of answering {api_key} v{version}"
-        reader = Reader(data)
-        assert reader.int32() == correlation_id
-        if api_key != ApiKey.API_VERSIONS and is_flexible(api_key, version):
-            reader.skip_tagged_fields()
-        return reader
-
-    def closed_by_broker(self) -> bool:
-        return self.recv_frame() is None
-
-    def _recv_exactly(self, n: int) -> bytes | None:
-        buf = bytearray()
-        while len(buf) < n:
-            try:
-                chunk = self.sock.recv(n - len(buf))
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                return None
-            buf += chunk
-        return bytes(buf)
+        data, offset = self.recv(api_key, version, self.send(api_key, version, body))
+        return Reader(data, offset)
 
     # -- the APIs the cases use ---------------------------------------------------------------
 
