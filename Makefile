@@ -65,6 +65,25 @@ system-deps:
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
 
+# Peer systems bench.suite measures beside localcluster (Debian packages; bookworm: nats-server
+# 2.9, redis-server 7.0); installed only when missing. The benchmark starts its own private
+# servers in a temporary directory; nothing here starts a service.
+bench-system-deps:
+	@missing=""; \
+	command -v nats-server >/dev/null 2>&1 || missing="$$missing nats-server"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	else \
+		echo "bench-system-deps: missing Debian packages:$$missing, and this is not root;" \
+			"run 'apt-get install$$missing' as root. Benchmarks of those peers will be skipped." >&2; \
+		exit 0; \
+	fi; \
+	echo "bench-system-deps: installing Debian packages:$$missing (peer systems for the benchmarks)"; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
+
 # tests/sim: one seed -> one run of brokers, controller and ZooKeeper over the real cores;
 # a failing seed prints its trace and the command that replays it.
 SEEDS ?= 2000
@@ -73,7 +92,7 @@ PROTOCOL ?= leader-epoch
 sim: $(VENV)/.installed-test
 	$(BIN)/python -m tests.sim.simulator --seeds $(START):$$(( $(START) + $(SEEDS) )) --protocol $(PROTOCOL)
 
-bench: $(VENV)/.installed-bench system-deps
+bench: $(VENV)/.installed-bench system-deps bench-system-deps
 	$(BIN)/python -m bench.storage
 	$(BIN)/python -m bench.coord
 	$(BIN)/python -m bench.broker
