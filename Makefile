@@ -70,7 +70,7 @@ system-deps:
 # servers in a temporary directory; nothing here starts a service.
 bench-system-deps:
 	@missing=""; \
-	command -v nats-server >/dev/null 2>&1 || missing="$$missing nats-server"; \
+	command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing="$$missing nats-server"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then SUDO=; \
