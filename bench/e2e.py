@@ -350,6 +350,21 @@ def _summary(hist) -> dict:
     }
 
 
+def _second(second: int, produce_us: list[int], e2e_us: list[int]) -> dict:
+    """Nearest-rank p50/p99/max (ms) of the batches due in one second of the run: shows
+    warm-up and stalls that the whole-run percentiles blur."""
+
+    def pick(values: list[int]) -> dict:
+        if not values:
+            return {"p50": None, "p99": None, "max": None}
+        values = sorted(values)
+        rank = lambda q: values[min(len(values) - 1, int(q * len(values)))] / 1000  # noqa: E731
+        return {"p50": rank(0.5), "p99": rank(0.99), "max": values[-1] / 1000}
+
+    return {"second": second, "batches": len(produce_us), "produce_ms": pick(produce_us),
+            "e2e_ms": pick(e2e_us)}  # fmt: skip
+
+
 def _arrays(result: dict, fields: dict[str, str]) -> list[array.array]:
     out = []
     for name, code in fields.items():
@@ -408,7 +423,7 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         for worker in workers:
             worker.join(10)
     finally:
-        kill_workers(workers)
+        kill_workers([w for w in workers if w.pid is not None])  # those started
 
     # join: (partition, base offset) -> due, ack; received -> time
     acks: dict[tuple[int, int], tuple[int, int]] = {}
@@ -441,8 +456,12 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
     produce_hist = HdrHistogram(1, 120_000_000, 3)
     e2e_hist = HdrHistogram(1, 120_000_000, 3)
     missing = nonpositive = 0
+    per_second: dict[int, list[list[int]]] = {}  # second of the run -> [produce µs], [e2e µs]
     for key, (due, ack) in acks.items():
-        produce_hist.record_value(max(1, (ack - due) // 1000))
+        produce_us = max(1, (ack - due) // 1000)
+        produce_hist.record_value(produce_us)
+        second = per_second.setdefault((due - first_due) // 1_000_000_000, [[], []])
+        second[0].append(produce_us)
         got = seen.get(key)
         if got is None:
             missing += 1
@@ -450,6 +469,7 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         e2e_us = (got - due) // 1000
         nonpositive += e2e_us <= 0
         e2e_hist.record_value(max(1, e2e_us))
+        second[1].append(max(1, e2e_us))
     batches = len(acks)
     window_s = (last_ack - first_due) / 1e9 if last_ack is not None else 0.0
     errors += received["errors"]
@@ -479,6 +499,7 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
                      "errors": received["errors"], "first_error": received["first_error"],
                      "start_offsets": received["start_offsets"], "end_positions": received["positions"]},
         "cpu_s": cpu,
+        "per_second": [_second(s, *per_second[s]) for s in sorted(per_second)],
     }  # fmt: skip
 
 
