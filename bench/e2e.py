@@ -43,6 +43,7 @@ import os
 import queue
 import struct
 import sys
+import threading
 import time
 import traceback
 
@@ -96,6 +97,37 @@ def _report_errors(results, name: str):
 # -- producer -----------------------------------------------------------------------------------
 
 
+class Pacer:
+    """`await pacer.until(t_ns)`: resumes at t (CLOCK_MONOTONIC) within ~0.1 ms, never before.
+
+    Event-loop timers have 1 ms resolution (epoll's timeout is in ms; uvloop also rounds to the
+    nearest ms and so fires up to 1 ms early): `asyncio.sleep` paced sends measured ~0.8 ms late
+    at the median. A thread sleeps with nanosleep instead and wakes the loop through its
+    self-pipe (`call_soon_threadsafe`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="pacer", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            due_ns, future = self.requests.get()
+            while (left := due_ns - time.monotonic_ns()) > 0:
+                time.sleep(left / 1e9)
+            self.loop.call_soon_threadsafe(_resolve, future)
+
+    def until(self, due_ns: int) -> asyncio.Future:
+        future = self.loop.create_future()
+        self.requests.put((due_ns, future))
+        return future
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rate: float,
                     seconds: float, record_size: int, batch_records: int, outstanding: int,
                     phase: float, results, go) -> None:  # fmt: skip
@@ -106,12 +138,13 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
         from localcluster.client import AsyncProducer
 
         batch = build_batch(batch_records, record_size)
+        pacer = Pacer(asyncio.get_running_loop())
         room = asyncio.Semaphore(outstanding)
-        part, base, due_ns, ack_ns = (array.array("i"), array.array("q"), array.array("q"),
-                                      array.array("q"))  # fmt: skip
+        part, base, due_ns, send_ns, ack_ns = (array.array("i"), array.array("q"), array.array("q"),
+                                               array.array("q"), array.array("q"))  # fmt: skip
         state = {"errors": 0, "first_error": None}
 
-        def done(future, partition: int, due: int) -> None:
+        def done(future, partition: int, due: int, send_at: int) -> None:
             now = time.monotonic_ns()
             room.release()
             if future.cancelled() or future.exception() is not None:
@@ -124,6 +157,7 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
             part.append(partition)
             base.append(offset)
             due_ns.append(due)
+            send_ns.append(send_at)
             ack_ns.append(now)
 
         async with AsyncProducer(bootstrap_servers=bootstrap, acks=-1, linger_ms=0,
@@ -143,19 +177,20 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
                 due = start_ns + sent * interval_ns
                 if due >= stop_ns:
                     break
-                now = time.monotonic_ns()
-                if due > now:
-                    await asyncio.sleep((due - now) / 1e9)
+                if time.monotonic_ns() < due:
+                    await pacer.until(due)
                 await room.acquire()
                 partition = sent % partitions
+                send_at = time.monotonic_ns()
                 future = await producer.send_batch(topic, partition, batch)
-                future.add_done_callback(lambda f, p=partition, d=due: done(f, p, d))
+                future.add_done_callback(lambda f, p=partition, d=due, s=send_at: done(f, p, d, s))
                 sent += 1
             await producer.flush(60)
             cpu_s = _cpu() - cpu0
         return {"index": index, "start_ns": start_ns, "sent": sent, "errors": state["errors"],
                 "first_error": state["first_error"], "cpu_s": cpu_s, "partition": part.tobytes(),
-                "base_offset": base.tobytes(), "due_ns": due_ns.tobytes(), "ack_ns": ack_ns.tobytes()}  # fmt: skip
+                "base_offset": base.tobytes(), "due_ns": due_ns.tobytes(), "send_ns": send_ns.tobytes(),
+                "ack_ns": ack_ns.tobytes()}  # fmt: skip
 
     @_report_errors(results, f"producer {index}")
     def main() -> None:
@@ -426,14 +461,14 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         kill_workers([w for w in workers if w.pid is not None])  # those started
 
     # join: (partition, base offset) -> due, ack; received -> time
-    acks: dict[tuple[int, int], tuple[int, int]] = {}
+    acks: dict[tuple[int, int], tuple[int, int, int]] = {}
     errors, first_error, first_due, last_ack, cpu = 0, None, None, None, {}
     for index in sorted(done):
         result = done[index]
-        part, base, due, ack = _arrays(result, {"partition": "i", "base_offset": "q", "due_ns": "q",
-                                                "ack_ns": "q"})  # fmt: skip
-        for key in zip(part, base, due, ack, strict=True):
-            acks[(key[0], key[1])] = (key[2], key[3])
+        part, base, due, send, ack = _arrays(result, {"partition": "i", "base_offset": "q",
+                                                      "due_ns": "q", "send_ns": "q", "ack_ns": "q"})  # fmt: skip
+        for key in zip(part, base, due, send, ack, strict=True):
+            acks[(key[0], key[1])] = key[2:]
         errors += result["errors"]
         first_error = first_error or result["first_error"]
         first_due = result["start_ns"] if first_due is None else min(first_due, result["start_ns"])
@@ -455,9 +490,11 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
             unmatched += 1  # e.g. a batch whose produce failed but was appended
     produce_hist = HdrHistogram(1, 120_000_000, 3)
     e2e_hist = HdrHistogram(1, 120_000_000, 3)
+    send_delay_hist = HdrHistogram(1, 120_000_000, 3)  # due -> send_batch called
     missing = nonpositive = 0
     per_second: dict[int, list[list[int]]] = {}  # second of the run -> [produce µs], [e2e µs]
-    for key, (due, ack) in acks.items():
+    for key, (due, send, ack) in acks.items():
+        send_delay_hist.record_value(max(1, (send - due) // 1000))
         produce_us = max(1, (ack - due) // 1000)
         produce_hist.record_value(produce_us)
         second = per_second.setdefault((due - first_due) // 1_000_000_000, [[], []])
@@ -489,6 +526,7 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         "first_error": first_error,
         "produce_latency_ms": _summary(produce_hist),
         "e2e_latency_ms": _summary(e2e_hist),
+        "send_delay_ms": _summary(send_delay_hist),
         "produce_curve_ms": _curve(produce_hist) if batches else [],
         "e2e_curve_ms": _curve(e2e_hist) if e2e_hist.get_total_count() else [],
         "config": {"partitions": partitions, "record_size": record_size, "batch_records": batch_records,
