@@ -297,23 +297,25 @@ def consumer_worker(bootstrap: str, topic: str, partitions: int, max_wait_ms: in
                         note_error(KafkaError.from_code(error_code, f"fetch from {leader}"))
                         await asyncio.sleep(0.01)
                         continue
-                    noted = 0
+                    noted, failed = 0, False
                     for _, answers in responses:
                         for a in answers:
                             if a.error_code:
-                                note_error(
-                                    KafkaError.from_code(
-                                        a.error_code, f"fetch {topic}-{a.partition}"
-                                    )
-                                )
-                                cluster.request_metadata_refresh()
+                                failed = True
+                                note_error(KafkaError.from_code(a.error_code,
+                                                                f"fetch {topic}-{a.partition}"))  # fmt: skip
                             elif a.records:
-                                noted += walk_batches(
-                                    a.records[0], a.partition, received_ns, out, positions
-                                )
+                                noted += walk_batches(a.records[0], a.partition, received_ns,
+                                                      out, positions)  # fmt: skip
                     if not noted:
                         stats["empty_fetches"] += 1
                     check_reached()
+                    if failed:  # e.g. the leader moved: ask who leads now, then fetch again
+                        try:
+                            await cluster.refresh_metadata()
+                        except KafkaError as e:
+                            note_error(e)
+                        await asyncio.sleep(0.01)
 
             async def watch_control() -> None:
                 nonlocal targets
