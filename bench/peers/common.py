@@ -343,6 +343,8 @@ def cli(measure: Callable[..., dict], prog: str, description: str, argv: list[st
     parser.add_argument("--rate", type=float, default=0.0,
                         help="records/s, open loop (default 0: as fast as possible)")  # fmt: skip
     parser.add_argument("--workdir", help="where the temporary directory goes")
+    parser.add_argument("--batch-records", type=int, help="records per batch (module default)")
+    parser.add_argument("--outstanding", type=int, help="batches unacknowledged at most")
     parser.add_argument("--json", action="store_true", help="also print the JSON to stdout")
     args = parser.parse_args(argv)
     if args.json:
@@ -352,8 +354,9 @@ def cli(measure: Callable[..., dict], prog: str, description: str, argv: list[st
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)  # `finally` kills the servers and removes the dir
+    tuning = {k: v for k in ("batch_records", "outstanding") if (v := getattr(args, k))}
     result = measure(record_size=args.record_size, seconds=args.seconds, rate=args.rate,
-                     workdir=args.workdir)  # fmt: skip
+                     workdir=args.workdir, **tuning)  # fmt: skip
     print_result(result)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
