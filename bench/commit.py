@@ -29,7 +29,6 @@ group at the end and every temporary directory is removed, also on Ctrl-C/SIGTER
 from __future__ import annotations
 
 import argparse
-import asyncio
 import mmap
 import multiprocessing
 import os
@@ -46,16 +45,14 @@ from pathlib import Path
 from bench.broker import (
     RECORD_VALUE_BYTES,
     Cluster,
-    CpuMeter,
     _cpu,
-    _use_uvloop,
     build_batch,
     create_topic,
     install_sigterm,
     kill_workers,
-    spawn_context,
 )
-from bench.common import MB, print_note, print_table, write_results
+from bench.common import MB, print_goals, print_note, print_table, write_results
+from bench.load import LoadPool, batch_records_for, curve
 
 MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
@@ -212,126 +209,9 @@ def raw_three_copy(batch: bytes, records_per_batch: int, total_bytes: int) -> di
         shutil.rmtree(directory, ignore_errors=True)
 
 
-# -- load processes ---------------------------------------------------------------------------
+# -- load ---------------------------------------------------------------------------------------
 
-
-def load_worker(bootstrap: str, topic: str, partitions: list[int], acks: int, batch_records: int,
-                duration_s: float, rate: float, outstanding: int, start_at: float, results) -> None:  # fmt: skip
-    """Send prebuilt batches for duration_s (at `rate` records/s when > 0); report counts,
-    the latency histogram (encoded, µs), and this process's CPU seconds."""
-    from hdrh.histogram import HdrHistogram
-
-    from localcluster.client import AsyncProducer
-
-    async def run() -> dict:
-        batch = build_batch(batch_records)
-        hist = HdrHistogram(1, 120_000_000, 3)
-        state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
-        room = asyncio.Semaphore(outstanding)
-
-        def done(future, due: float) -> None:
-            now = time.monotonic()
-            room.release()
-            if future.cancelled() or future.exception() is not None:
-                state["errors"] += 1
-                state["first_error"] = state["first_error"] or repr(future.exception())
-                return
-            state["acked"] += batch_records
-            state["last"] = now
-            hist.record_value(max(1, int((now - due) * 1e6)))
-
-        async with AsyncProducer(bootstrap_servers=bootstrap, acks=acks, linger_ms=0,
-                                 buffer_memory=max(32 << 20, 4 * outstanding * len(batch)),
-                                 request_timeout_ms=30_000) as producer:  # fmt: skip
-            for partition in partitions:  # connect to every leader before the clock starts
-                await (await producer.send_batch(topic, partition, batch))
-            await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-            cpu0 = _cpu()
-            start = time.monotonic()
-            stop = start + duration_s
-            interval = batch_records / rate if rate > 0 else 0.0
-            sent = 0
-            while True:
-                now = time.monotonic()
-                if now >= stop:
-                    break
-                due = now
-                if interval:
-                    due = start + sent * interval
-                    if due > now:
-                        await asyncio.sleep(due - now)
-                await room.acquire()
-                if not interval:
-                    due = time.monotonic()
-                future = await producer.send_batch(topic, partitions[sent % len(partitions)], batch)
-                future.add_done_callback(lambda f, d=due: done(f, d))
-                sent += 1
-            await producer.flush(60)
-            cpu_s = _cpu() - cpu0
-        return {"start": start, "last_ack": state["last"], "acked": state["acked"],
-                "sent": sent * batch_records, "errors": state["errors"], "first_error": state["first_error"],
-                "cpu_s": cpu_s, "histogram": hist.encode()}  # fmt: skip
-
-    _use_uvloop()
-    results.put(asyncio.run(run()))
-
-
-def measure_load(cluster: Cluster, acks: int, rate: float, duration_s: float, producers: int,
-                 partitions: int, batch_records: int, outstanding: int) -> dict:  # fmt: skip
-    """One timed load: `producers` processes together at `rate` records/s (0 = full speed)."""
-    from hdrh.histogram import HdrHistogram
-
-    ctx = spawn_context()
-    results = ctx.Queue()
-    start_at = time.monotonic() + 3.0  # spawned processes import and connect meanwhile
-    workers = [ctx.Process(target=load_worker, daemon=True,
-                           args=(cluster.bootstrap, TOPIC, list(range(partitions)), acks, batch_records,
-                                 duration_s, rate / producers, outstanding, start_at, results))
-               for _ in range(producers)]  # fmt: skip
-    try:
-        for worker in workers:
-            worker.start()
-        meter = CpuMeter({f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()}
-                         | {f"load {i}": w.pid for i, w in enumerate(workers)})  # fmt: skip
-        time.sleep(max(0.0, start_at - time.monotonic()))
-        meter.start()
-        got = [results.get(timeout=duration_s + 120) for _ in workers]
-        meter.stop()
-    finally:
-        for worker in workers:
-            worker.join(10)
-        kill_workers(workers)
-    hist = HdrHistogram(1, 120_000_000, 3)
-    for result in got:
-        hist.add(HdrHistogram.decode(result.pop("histogram")))
-    acked = sum(r["acked"] for r in got)
-    seconds = max(r["last_ack"] for r in got) - min(r["start"] for r in got)
-    cores = meter.cores()
-    return {
-        "acks": "all" if acks == -1 else acks, "target_records_per_s": rate or None,
-        "records": acked, "seconds": seconds, "records_per_s": acked / seconds,
-        "mb_per_s": acked * RECORD_VALUE_BYTES / seconds / MB,
-        "errors": sum(r["errors"] for r in got), "first_error": next((r["first_error"] for r in got if r["first_error"]), None),
-        "latency_ms": {f"p{p:g}": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES}
-        | {"max": hist.get_max_value() / 1000, "mean": hist.get_mean_value() / 1000, "batches": hist.get_total_count()},
-        "curve_ms": _curve(hist),
-        "broker_cores": {k: v for k, v in cores.items() if k.startswith("broker")},
-        "machine_busy_cores": meter.machine_cores,
-        "load_cores": {f"load {i}": r["cpu_s"] / seconds for i, r in enumerate(got)},
-        "workers": got,
-    }  # fmt: skip
-
-
-def _curve(hist) -> list[tuple[float, float]]:
-    """(percentile, ms) points for a percentile plot, denser towards the tail."""
-    points = []
-    for nines in range(0, 50):
-        percentile = 100.0 - 100.0 / (10 ** (nines / 10))
-        if percentile > 99.999:
-            break
-        points.append((percentile, hist.get_value_at_percentile(percentile) / 1000))
-    points.append((100.0, hist.get_max_value() / 1000))
-    return points
+_curve = curve  # the percentile curve of an HdrHistogram (bench.load.curve), kept for importers
 
 
 def plot(runs: list[dict], path: Path, title: str) -> Path | None:
@@ -376,9 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=2, help="load processes (default 2)")
     parser.add_argument("--partitions", type=int, default=3, help="topic partitions (default 3)")
     parser.add_argument(
-        "--batch-records", type=int, default=580, help="records per batch (~64 KiB)"
-    )
-    parser.add_argument(
         "--outstanding", type=int, default=16, help="batches outstanding per process"
     )
     args = parser.parse_args(argv)
@@ -390,31 +267,37 @@ def main(argv: list[str] | None = None) -> int:
         console(stderr=True)
     install_sigterm()
 
-    batch = build_batch(args.batch_records)
+    batch_records = batch_records_for(RECORD_VALUE_BYTES)
+    batch = build_batch(batch_records)
     load_before = os.getloadavg()
     if load_before[0] > 1.0:
         print_note(f"[yellow]load average {load_before[0]:.2f} before the run on {os.cpu_count()} cores: "
                    f"other work competes for the CPU and the figures will be low[/]")  # fmt: skip
     t0 = time.perf_counter()
-    raw = raw_three_copy(batch, args.batch_records, scale.raw_bytes)  # before any broker runs
+    raw = raw_three_copy(batch, batch_records, scale.raw_bytes)  # before any broker runs
     raw["records_per_s"] = raw["records"] / raw["seconds"]
     raw["mb_per_s"] = raw["records"] * RECORD_VALUE_BYTES / raw["seconds"] / MB
     cluster = Cluster(
         {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false"}
     )
+    pool = LoadPool(args.producers)
     try:
+        pool.start()
         cluster.start(BROKERS)
         create_topic(cluster.bootstrap, TOPIC, args.partitions, 3, {"min.insync.replicas": "2"})
         cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
                                        for p in range(args.partitions)), 30, "full ISRs")  # fmt: skip
         leaders = {p: cluster.partition_state(TOPIC, p).leader for p in range(args.partitions)}
-        common = dict(duration_s=run_s, producers=args.producers, partitions=args.partitions,
-                      batch_records=args.batch_records, outstanding=args.outstanding)  # fmt: skip
-        acks1 = measure_load(cluster, 1, 0, **common)
-        full = measure_load(cluster, -1, 0, **common)
-        half = measure_load(cluster, -1, full["records_per_s"] / 2, **common)
+        common = dict(client="own", bootstrap=cluster.bootstrap, topic=TOPIC,
+                      partitions=list(range(args.partitions)), record_size=RECORD_VALUE_BYTES,
+                      seconds=run_s, outstanding=args.outstanding,
+                      cpu_of={f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()})  # fmt: skip
+        acks1 = pool.measure(acks=1, **common)
+        full = pool.measure(acks="all", **common)
+        half = pool.measure(acks="all", rate=full["records_per_s"] / 2, **common)
         isr_after = {p: list(cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)}
     finally:
+        pool.close()
         cluster.close()
     elapsed = time.perf_counter() - t0
 
@@ -426,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         return f"{run['latency_ms'][key]:.2f}"
 
     def cores(run):
-        b = sum(v or 0 for v in run["broker_cores"].values())
+        b = sum(v or 0 for v in run["other_cores"].values())
         return (
             f"{b:.2f}",
             f"{sum(run['load_cores'].values()):.2f}",
@@ -444,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         f"acks=all commit path: RF 3 on 3 brokers, {args.partitions} partitions, {RECORD_VALUE_BYTES}-byte records, {run_s:g} s per run",
         ["run", "records/s", "MB/s", "vs raw", "p50 ms", "p99 ms", "p99.9 ms", "brokers CPU", "load CPU", "machine CPU"],
         rows,
-        note=(f"Load: {args.producers} processes of our client, send_batch of prebuilt {args.batch_records}-record "
+        note=(f"Load: {args.producers} processes of our client, send_batch of prebuilt {batch_records}-record "
               f"batches ({len(batch):,} bytes), at most {args.outstanding} batches outstanding per process; "
               f"latency per batch from when it was due to its acknowledgement. Leaders: {leaders}. "
               f"Everything shares {os.cpu_count()} cores: 3 brokers + {args.producers} load processes "
@@ -466,15 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         note = (f"The goal's half rate, {GOAL_RECORDS_PER_S // 2:,}/s, was above this run's acks=all maximum; "
                 f"p99 is reported at half of what was reached.")  # fmt: skip
         goals[1]["note"] = note
-    print_table("Goals (issue 5)", ["goal", "measured", ""],
-                [(g["goal"], g["shown"], "[green]pass[/]" if g["met"] else "[red]miss[/]") for g in goals],
-                note=note)  # fmt: skip
+    print_goals("Goals (issue 5)", goals, note=note)
     for run in runs:
         for worker in run["workers"]:
             worker.pop("histogram", None)
     path = write_results("commit", {
         "config": {"run_s": run_s, "producers": args.producers, "partitions": args.partitions,
-                   "batch_records": args.batch_records, "batch_bytes": len(batch), "outstanding": args.outstanding,
+                   "batch_records": batch_records, "batch_bytes": len(batch), "outstanding": args.outstanding,
                    "record_value_bytes": RECORD_VALUE_BYTES, "raw_bytes": raw["bytes"], "leaders": leaders,
                    "elapsed_s": elapsed, "load_average_before": load_before},
         "raw_three_copy": raw, "runs": runs, "goals": goals, "isr_after": isr_after,

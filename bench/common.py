@@ -160,8 +160,29 @@ def print_note(text: str) -> None:
     console().print(text)
 
 
+def goal(text: str, value, shown: str, met: bool, note: str | None = None) -> dict:
+    """One goal in every benchmark's JSON `goals` list (the suite's report reads them):
+    what is aimed at, the measured value (a number or None), how it reads, met or not."""
+    out = {"goal": text, "value": value, "shown": shown, "met": bool(met)}
+    if note:
+        out["note"] = note
+    return out
+
+
+def print_goals(title: str, goals: Sequence[dict], note: str | None = None) -> None:
+    print_table(title, ["goal", "measured", ""],
+                [(g["goal"], g["shown"], "[green]pass[/]" if g["met"] else "[red]miss[/]") for g in goals],
+                note=note)  # fmt: skip
+
+
+def results_dir() -> Path:
+    """Where results go: $BENCH_RESULTS_DIR (the suite's bench/results/<timestamp>/) or
+    bench/results/."""
+    return Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS_DIR)
+
+
 def write_results(name: str, results: dict, *, to_stdout: bool = False) -> Path:
-    """Write bench/results/<name>.json with the machine and a UTC timestamp; returns the path."""
+    """Write <results_dir()>/<name>.json with the machine and a UTC timestamp; returns the path."""
     document = {
         "benchmark": name,
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -169,8 +190,9 @@ def write_results(name: str, results: dict, *, to_stdout: bool = False) -> Path:
         "machine": machine_info(),
         **results,
     }
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    directory = results_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     text = json.dumps(document, indent=2) + "\n"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(text)

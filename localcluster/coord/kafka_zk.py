@@ -269,6 +269,15 @@ class KafkaZkClient:
             log.warning("ignoring malformed ISR change notification %s: %r", path, data[:200])
             return []
 
+    def request_topic_deletion(self, topic: str) -> bool:
+        """Ask the controller to delete `topic` (/admin/delete_topics/<topic>, as Kafka's
+        TopicCommand does); False when a deletion was already pending."""
+        try:
+            self.coord.create(paths.delete_topic_path(topic), b"", makepath=True)
+        except NodeExistsError:
+            return False
+        return True
+
     def topics_to_delete(self, watch=None) -> list[str]:
         return sorted(self.coord.get_children(paths.DELETE_TOPICS, watch))
 

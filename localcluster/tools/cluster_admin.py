@@ -110,18 +110,14 @@ def describe_rows(description) -> dict:
 
 def delete_topic(spec: ClusterSpec, name: str) -> dict:
     """Write /admin/delete_topics/<name>; the controller deletes the topic."""
-    from localcluster.coord import NodeExistsError, paths
+    from localcluster.coord.kafka_zk import KafkaZkClient
 
     with cluster.store(spec) as client:
         if name not in cluster.topics(client):
             raise ClusterError(
                 f"unknown topic {name!r}; `localcluster topic list` shows the topics"
             )
-        try:
-            client.create(paths.delete_topic_path(name), b"", makepath=True)
-            already = False
-        except NodeExistsError:
-            already = True
+        already = not KafkaZkClient(client).request_topic_deletion(name)
         controller = cluster.controller_id(client)
     return {"topic": name, "already_pending": already, "controller": controller}
 

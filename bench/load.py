@@ -1,0 +1,321 @@
+"""Producer load for the commit-path benchmarks: a pool of load processes, our client or librdkafka.
+
+A `LoadPool` keeps N spawned processes alive across measurements (spawning and importing one
+costs about a second, more than a short measurement). `pool.measure(...)` gives each process an
+equal share of the target rate; they start together at an agreed CLOCK_MONOTONIC instant, run
+for the given seconds, and report their counts, their CPU seconds and an HdrHistogram of
+latencies (µs), which are merged here.
+
+Clients:
+- `own`: localcluster's AsyncProducer, `send_batch` of one prebuilt batch (`encode_batch`, built
+  once, about 64 KiB) round robin over the given partitions, a bounded number of batches
+  outstanding per process. Latency is per batch (every record of a batch is acknowledged at the
+  same moment).
+- `confluent`: confluent-kafka (librdkafka) `produce()` per record, librdkafka's partitioner and
+  batching (`linger.ms` 5, `batch.size` 64 KiB), a delivery callback on every record. Latency is
+  per record.
+
+Latency starts when the batch or record was due: rate-limited (open loop), at its slot on the
+schedule (start + i x interval), so a stall of the sender is counted, not hidden (coordinated
+omission); at full speed, at the send call. records/s counts acknowledged records over the
+timed window (first send to last acknowledgement). With acks=0 nothing is acknowledged by the
+broker: a record counts when the client has written it to the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import time
+from dataclasses import asdict, dataclass
+
+from bench.broker import CpuMeter, _cpu, _use_uvloop, build_batch, kill_workers, spawn_context
+from bench.common import MB
+
+CLIENTS = ("own", "confluent")
+PERCENTILES = (50.0, 95.0, 99.0, 99.9)
+BATCH_BYTES = 64 << 10  # our client's prebuilt batch, about linger-free librdkafka's batch.size
+HISTOGRAM_MAX_US = 120_000_000
+START_DELAY_S = 0.3  # every process gets the job before the agreed start
+
+
+def batch_records_for(record_size: int, batch_bytes: int = BATCH_BYTES) -> int:
+    """Records of `record_size` value bytes that fit a batch of about `batch_bytes`."""
+    per_record = record_size + 10  # v2 record framing: length, attributes, deltas, key, headers
+    return max(1, (batch_bytes - 61) // per_record)
+
+
+@dataclass(frozen=True)
+class Job:
+    client: str
+    bootstrap: str
+    topic: str
+    partitions: tuple[int, ...]
+    acks: int  # 0, 1 or -1
+    record_size: int
+    seconds: float
+    rate: float  # records/s for this process; 0: as fast as the window allows
+    outstanding: int
+    start_at: float  # time.monotonic() of the agreed start
+
+
+# -- inside a load process ----------------------------------------------------------------------
+
+
+def _histogram():
+    from hdrh.histogram import HdrHistogram
+
+    return HdrHistogram(1, HISTOGRAM_MAX_US, 3)
+
+
+async def _run_own(job: Job) -> dict:
+    from localcluster.client import AsyncProducer
+
+    batch_records = batch_records_for(job.record_size)
+    batch = build_batch(batch_records, job.record_size)
+    hist = _histogram()
+    state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
+    room = asyncio.Semaphore(job.outstanding)
+
+    def done(future, due: float) -> None:
+        now = time.monotonic()
+        room.release()
+        if future.cancelled() or future.exception() is not None:
+            state["errors"] += 1
+            state["first_error"] = state["first_error"] or repr(future.exception())
+            return
+        state["acked"] += batch_records
+        state["last"] = now
+        hist.record_value(max(1, int((now - due) * 1e6)))
+
+    async with AsyncProducer(bootstrap_servers=job.bootstrap, acks=job.acks, linger_ms=0,
+                             buffer_memory=max(32 << 20, 4 * job.outstanding * len(batch)),
+                             request_timeout_ms=30_000) as producer:  # fmt: skip
+        for partition in job.partitions:  # connect to every leader before the clock starts
+            await (await producer.send_batch(job.topic, partition, batch))
+        await asyncio.sleep(max(0.0, job.start_at - time.monotonic()))
+        cpu0 = _cpu()
+        start = time.monotonic()
+        stop = start + job.seconds
+        interval = batch_records / job.rate if job.rate > 0 else 0.0
+        sent = 0
+        while True:
+            now = time.monotonic()
+            if now >= stop:
+                break
+            due = now
+            if interval:
+                due = start + sent * interval
+                if due > now:
+                    await asyncio.sleep(due - now)
+            await room.acquire()
+            if not interval:
+                due = time.monotonic()
+            partition = job.partitions[sent % len(job.partitions)]
+            future = await producer.send_batch(job.topic, partition, batch)
+            future.add_done_callback(lambda f, d=due: done(f, d))
+            sent += 1
+        await producer.flush(60)
+        cpu_s = _cpu() - cpu0
+    return {"start": start, "last_ack": state["last"], "acked": state["acked"],
+            "sent": sent * batch_records, "errors": state["errors"], "first_error": state["first_error"],
+            "cpu_s": cpu_s, "batch_records": batch_records, "histogram": hist.encode()}  # fmt: skip
+
+
+def _run_confluent(job: Job) -> dict:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": job.bootstrap, "acks": str(job.acks),
+                         "linger.ms": 5, "batch.size": BATCH_BYTES, "enable.idempotence": False,
+                         "queue.buffering.max.messages": 1_000_000,
+                         "queue.buffering.max.kbytes": 256 << 10, "message.timeout.ms": 60_000})  # fmt: skip
+    hist = _histogram()
+    state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
+    value = b"v" * job.record_size
+    single = {"partition": job.partitions[0]} if len(job.partitions) == 1 else {}
+    pending: list[int] = []  # latencies in µs, folded into the histogram after the run
+
+    def delivered(due: float, error, message) -> None:
+        now = time.monotonic()
+        if error is not None:
+            state["errors"] += 1
+            state["first_error"] = state["first_error"] or str(error)
+            return
+        state["acked"] += 1
+        state["last"] = now
+        pending.append(int((now - due) * 1e6))
+
+    producer.list_topics(job.topic, timeout=10)  # connect before the clock starts
+    produce, poll = producer.produce, producer.poll
+    time.sleep(max(0.0, job.start_at - time.monotonic()))
+    cpu0 = _cpu()
+    start = time.monotonic()
+    stop = start + job.seconds
+    interval = 1.0 / job.rate if job.rate > 0 else 0.0
+    sent = 0
+    while True:
+        now = time.monotonic()
+        if now >= stop:
+            break
+        due = now
+        if interval:
+            due = start + sent * interval
+            if due > now:
+                poll(due - now)  # serve callbacks while pacing
+        while True:
+            try:
+                produce(
+                    job.topic, value, on_delivery=lambda e, m, d=due: delivered(d, e, m), **single
+                )
+                break
+            except BufferError:  # librdkafka's queue is full: serve callbacks, then retry
+                poll(0.001)
+        sent += 1
+        if sent % 256 == 0:
+            poll(0)
+    left = producer.flush(60)
+    cpu_s = _cpu() - cpu0
+    if left:
+        state["errors"] += left
+        state["first_error"] = state["first_error"] or f"{left} records undelivered after 60 s"
+    import numpy as np
+
+    if pending:
+        micros = np.clip(np.asarray(pending, dtype=np.int64), 1, HISTOGRAM_MAX_US)
+        values, counts = np.unique(micros, return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            hist.record_value(v, c)
+    return {"start": start, "last_ack": state["last"], "acked": state["acked"], "sent": sent,
+            "errors": state["errors"], "first_error": state["first_error"], "cpu_s": cpu_s,
+            "batch_records": 1, "histogram": hist.encode()}  # fmt: skip
+
+
+def worker_main(jobs, results) -> None:
+    """A load process: run jobs until None arrives; every result or error goes to `results`."""
+    _use_uvloop()
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job = Job(**job)
+        try:
+            if job.client == "own":
+                results.put(asyncio.run(_run_own(job)))
+            else:
+                results.put(_run_confluent(job))
+        except Exception as e:  # noqa: BLE001 (the parent reports it)
+            results.put({"failed": f"{type(e).__name__}: {e}"})
+
+
+# -- the parent's side --------------------------------------------------------------------------
+
+
+class LoadPool:
+    """`with LoadPool(2) as pool: pool.measure(...)`: N persistent load processes."""
+
+    def __init__(self, processes: int):
+        ctx = spawn_context()
+        self._jobs = [ctx.Queue() for _ in range(processes)]
+        self._results = ctx.Queue()
+        self.workers = [ctx.Process(target=worker_main, args=(jobs, self._results), daemon=True)
+                        for jobs in self._jobs]  # fmt: skip
+
+    def start(self) -> LoadPool:
+        for worker in self.workers:
+            worker.start()
+        return self
+
+    def __enter__(self) -> LoadPool:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for jobs in self._jobs:
+            with contextlib.suppress(Exception):
+                jobs.put(None)
+        for worker in self.workers:
+            worker.join(5)
+        kill_workers(self.workers)
+
+    def measure(self, *, client: str, bootstrap: str, topic: str, partitions: list[int], acks,
+                record_size: int, seconds: float, rate: float = 0.0, outstanding: int = 16,
+                cpu_of: dict[str, int] | None = None, timeout_s: float = 180.0) -> dict:  # fmt: skip
+        """One timed load by every process together at `rate` records/s in all (0: full speed).
+
+        `cpu_of` names other processes (label -> pid) whose CPU is reported in cores.
+        """
+        from hdrh.histogram import HdrHistogram
+
+        assert client in CLIENTS, client
+        acks = -1 if str(acks) in ("all", "-1") else int(acks)
+        start_at = time.monotonic() + START_DELAY_S
+        for jobs in self._jobs:
+            job = Job(client, bootstrap, topic, tuple(partitions), acks, record_size, seconds,
+                      rate / len(self._jobs), outstanding, start_at)  # fmt: skip
+            jobs.put(asdict(job))
+        meter = CpuMeter(
+            dict(cpu_of or {}) | {f"load {i}": w.pid for i, w in enumerate(self.workers)}
+        )
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        meter.start()
+        got = []
+        deadline = time.monotonic() + seconds + timeout_s
+        while len(got) < len(self.workers):
+            try:
+                got.append(self._results.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                raise RuntimeError(f"load processes returned {len(got)} of {len(self.workers)} "
+                                   f"results within {seconds + timeout_s:.0f} s") from None  # fmt: skip
+        meter.stop()
+        failed = [r["failed"] for r in got if "failed" in r]
+        if failed:
+            raise RuntimeError(f"a load process failed: {failed[0]}")
+        hist = HdrHistogram(1, HISTOGRAM_MAX_US, 3)
+        for result in got:
+            hist.add(HdrHistogram.decode(result.pop("histogram")))
+        acked = sum(r["acked"] for r in got)
+        window = max(r["last_ack"] for r in got) - min(r["start"] for r in got)
+        seconds_run = window if acked and window > 0 else float("nan")
+        cores = meter.cores()
+        return {
+            "client": client, "acks": "all" if acks == -1 else acks, "record_size": record_size,
+            "partitions": len(partitions), "target_records_per_s": rate or None,
+            "records": acked, "seconds": seconds_run,
+            "records_per_s": acked / seconds_run if acked else 0.0,
+            "mb_per_s": acked * record_size / seconds_run / MB if acked else 0.0,
+            "errors": sum(r["errors"] for r in got),
+            "first_error": next((r["first_error"] for r in got if r["first_error"]), None),
+            "latency_ms": latency_summary(hist), "curve_ms": curve(hist),
+            "batch_records": got[0]["batch_records"], "load_processes": len(got),
+            "other_cores": {k: v for k, v in cores.items() if not k.startswith("load ")},
+            "machine_busy_cores": meter.machine_cores,
+            "load_cores": {f"load {i}": r["cpu_s"] / seconds_run for i, r in enumerate(got)}
+            if acked else {},
+            "workers": got,
+        }  # fmt: skip
+
+
+def latency_summary(hist) -> dict:
+    """p50, p95, p99, p99.9, max, mean (ms) and the count of an HdrHistogram of µs."""
+    count = hist.get_total_count()
+    if not count:
+        return {"count": 0, **{f"p{p:g}": None for p in PERCENTILES}, "max": None, "mean": None}
+    return {"count": count, **{f"p{p:g}": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES},
+            "max": hist.get_max_value() / 1000, "mean": hist.get_mean_value() / 1000}  # fmt: skip
+
+
+def curve(hist) -> list[tuple[float, float]]:
+    """(percentile, ms) points for a percentile plot, denser towards the tail."""
+    if not hist.get_total_count():
+        return []
+    points = []
+    for nines in range(0, 50):
+        percentile = 100.0 - 100.0 / (10 ** (nines / 10))
+        if percentile > 99.999:
+            break
+        points.append((percentile, hist.get_value_at_percentile(percentile) / 1000))
+    points.append((100.0, hist.get_max_value() / 1000))
+    return points
