@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="under 3 minutes, rougher figures")
     parser.add_argument("--only", help=f"comma-separated steps to run, of: {', '.join(STEPS)}")
     parser.add_argument("--skip", help="comma-separated steps to leave out")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR,
+                        help="where the <timestamp>/ directory goes (default bench/results)")  # fmt: skip
     parser.add_argument("--peers-step", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peers_step:
@@ -152,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     from bench.report import render
 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    directory = RESULTS_DIR / stamp
-    directory.mkdir(parents=True)
+    directory = args.results.resolve() / stamp
+    try:
+        directory.mkdir(parents=True)
+    except OSError as e:
+        parser.error(f"cannot create the results directory {directory}: {e.strerror}")
     mode = "quick" if args.quick else "full"
     command = " ".join(["python -m bench.suite", *(argv if argv is not None else sys.argv[1:])])
     machine = machine_info()
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["BENCH_RESULTS_DIR"] = str(directory)
     write_results("suite", summary)
     report = render(directory, steps)
-    latest = RESULTS_DIR / "latest"
+    latest = directory.parent / "latest"
     try:
         if latest.is_symlink() or latest.exists():
             latest.unlink()
