@@ -2,8 +2,9 @@
 publishes counted by their JetStream acknowledgements (PubAck).
 
 A PubAck is sent by the stream's leader once the message is committed by the stream's Raft
-group: stored by a quorum, 2 of 3 (the leader's own copy counts). The file store writes into
-the page cache; nats-server 2.9 fsyncs in the background every 2 minutes, not per message.
+group: appended to the Raft log of a quorum, 2 of 3 (the leader's own copy counts). Those logs
+and the stream's file store are written into the page cache; nats-server fsyncs them on a
+background timer, not per message.
 
 The driver is ~100 lines of the NATS text protocol over a socket (CONNECT, SUB, PUB with a
 reply subject, MSG, PING/PONG): a batch of publishes is one write of prebuilt bytes, each with
@@ -42,11 +43,11 @@ BATCH_RECORDS = 100
 OUTSTANDING = 4  # 400 publishes in flight; wider windows measured slower here, not faster
 SETUP_TIMEOUT_S = 30.0
 SEMANTICS = (
-    "A record is acknowledged (PubAck) when the R3 stream's Raft group has committed it: "
-    "2 of 3 nodes (leader included) have written it to their file store, i.e. the page cache "
-    "(nats-server 2.9 fsyncs every 2 minutes, not per message); the third copy follows "
-    "asynchronously. If the stream leader fails, the other two elect a new leader by Raft and "
-    "every acknowledged record survives."
+    "A record is acknowledged (PubAck) when the R3 stream's Raft group has committed it: 2 of 3 "
+    "nodes (the leader included) have appended it to their Raft log, a file on disk written into "
+    "the page cache (nats-server fsyncs on a background timer, not per message); the third node "
+    "follows asynchronously. If the stream leader fails, the other two elect a new one by Raft "
+    "and every acknowledged record survives."
 )
 
 

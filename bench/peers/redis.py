@@ -168,7 +168,8 @@ def measure(record_size: int = 100, seconds: float = 5.0, rate: float = 0.0, wor
     with Servers("peer-redis-", workdir) as servers:
         ports = free_ports(1 + REPLICAS)
         names = ["primary"] + [f"replica{i + 1}" for i in range(REPLICAS)]
-        for name, port in zip(names, ports, strict=True):
+
+        def start(name: str, port: int) -> None:
             data_dir = servers.dir / name
             data_dir.mkdir()
             argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "no",
@@ -181,12 +182,19 @@ def measure(record_size: int = 100, seconds: float = 5.0, rate: float = 0.0, wor
         def connect():
             servers.check_alive()
             conn = RedisConn(ports[0])
-            if conn.call("PING") != b"PONG":
-                conn.close()
-                return None
-            return conn
+            try:
+                if conn.call("PING") == b"PONG":
+                    return conn
+            except PeerError:
+                pass
+            conn.close()
+            return None
 
+        # The primary first: a replica that finds no primary retries only a second later.
+        start(names[0], ports[0])
         primary = wait_until(connect, SETUP_TIMEOUT_S, "the Redis primary to answer PING")
+        for name, port in zip(names[1:], ports[1:], strict=True):
+            start(name, port)
         try:
 
             def replicas_online():
@@ -199,6 +207,14 @@ def measure(record_size: int = 100, seconds: float = 5.0, rate: float = 0.0, wor
                 )
 
             wait_until(replicas_online, SETUP_TIMEOUT_S, f"{REPLICAS} online replicas")
+
+            def replicated_write():  # the whole path works: a write that WAIT sees on both
+                primary.call("SET", "bench-ready", "1")
+                return primary.call("WAIT", REPLICAS, 1000, timeout_s=5.0) >= REPLICAS
+
+            wait_until(
+                replicated_write, SETUP_TIMEOUT_S, f"a write acknowledged by WAIT {REPLICAS}"
+            )
             version = info(primary, "server").get("redis_version", "?")
             load = Load(ports[0], record_size, batch_records, connections)
             try:
