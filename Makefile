@@ -1,7 +1,7 @@
 # localcluster: every install step the project needs lives here (CI starts from a clean clone).
 #   make demo   create .venv, install, run the five-broker failover walk-through
 #   make test   install what the tests need and run the whole suite
-#   make bench  run the benchmarks (results under bench/results/)
+#   make bench  run the benchmark suite (QUICK=1: under 3 minutes); report in bench/results/latest/
 #   make lint   ruff over the package, tests and benchmarks
 #   make sim    a long sweep of the deterministic simulator (SEEDS=N, PROTOCOL=..., START=...)
 
@@ -45,42 +45,28 @@ demo: $(VENV)/.installed-base
 test: $(VENV)/.installed-test system-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Real servers and clients the tests run against (Debian packages); installed only when missing.
-# ZooKeeper (Debian's zookeeper, 3.8): the oracle the coordination contract tests hold the file
-# backend to. The tests start their own private server; nothing here starts a service.
+# Real servers and clients the tests and benchmarks run against (Debian packages), installed
+# only when missing; nothing here starts a service (tests and benchmarks start private servers
+# in temporary directories):
+# - zookeeper (3.8): the oracle the coordination contract tests hold the file backend to;
+# - kcat: a real client in the tests;
+# - nats-server (2.9) and redis-server (7.0): the peer systems bench.suite measures.
 ZOOKEEPER_HOME ?= /usr/share/zookeeper
 system-deps:
 	@missing=""; \
 	[ -f $(ZOOKEEPER_HOME)/bin/zkServer.sh ] || missing="$$missing zookeeper"; \
 	command -v kcat >/dev/null 2>&1 || missing="$$missing kcat"; \
-	[ -z "$$missing" ] && exit 0; \
-	if [ "$$(id -u)" = 0 ]; then SUDO=; \
-	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
-	else \
-		echo "system-deps: missing Debian packages:$$missing, and this is not root;" \
-			"run 'apt-get install$$missing' as root. Tests that need them will be skipped." >&2; \
-		exit 0; \
-	fi; \
-	echo "system-deps: installing Debian packages:$$missing (real servers and clients for the tests)"; \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
-
-# Peer systems bench.suite measures beside localcluster (Debian packages; bookworm: nats-server
-# 2.9, redis-server 7.0); installed only when missing. The benchmark starts its own private
-# servers in a temporary directory; nothing here starts a service.
-bench-system-deps:
-	@missing=""; \
 	command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing="$$missing nats-server"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	[ -z "$$missing" ] && exit 0; \
 	if [ "$$(id -u)" = 0 ]; then SUDO=; \
 	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
 	else \
-		echo "bench-system-deps: missing Debian packages:$$missing, and this is not root;" \
-			"run 'apt-get install$$missing' as root. Benchmarks of those peers will be skipped." >&2; \
+		echo "system-deps: missing Debian packages:$$missing, and this is not root;" \
+			"run 'apt-get install$$missing' as root. Tests and benchmarks that need them will be skipped." >&2; \
 		exit 0; \
 	fi; \
-	echo "bench-system-deps: installing Debian packages:$$missing (peer systems for the benchmarks)"; \
+	echo "system-deps: installing Debian packages:$$missing (real servers and clients for tests and benchmarks)"; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
 
@@ -92,13 +78,11 @@ PROTOCOL ?= leader-epoch
 sim: $(VENV)/.installed-test
 	$(BIN)/python -m tests.sim.simulator --seeds $(START):$$(( $(START) + $(SEEDS) )) --protocol $(PROTOCOL)
 
-bench: $(VENV)/.installed-bench system-deps bench-system-deps
-	$(BIN)/python -m bench.storage
-	$(BIN)/python -m bench.coord
-	$(BIN)/python -m bench.broker
-	$(BIN)/python -m bench.commit
-	$(BIN)/python -m bench.failover
-	$(BIN)/python -m bench.startup
+# The benchmark suite: every benchmark, one report in bench/results/<timestamp>/report.md
+# (bench/results/latest). QUICK=1: under 3 minutes. BENCH_ARGS: e.g. --only matrix,peers.
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-bench system-deps
+	$(BIN)/python -m bench.suite $(if $(QUICK),--quick) $(BENCH_ARGS)
 
 lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check localcluster tests bench

@@ -89,6 +89,23 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
         consumer.close()
 
 
+def settled_end_offsets(cluster: Cluster, topic: str, partitions: int, acknowledged: int,
+                        timeout_s: float = 15.0) -> tuple[int, float]:  # fmt: skip
+    """The sum of the partitions' end offsets (high watermarks) once it reaches `acknowledged`
+    or stops growing for a second, and the seconds that took. With acks=0 and acks=1 the high
+    watermark trails the acknowledgements by the replication backlog; it is not loss."""
+    started = time.monotonic()
+    stored, changed = -1, started
+    while True:
+        now_stored = sum(end_offsets(cluster.bootstrap, topic, partitions))
+        now = time.monotonic()
+        if now_stored != stored:
+            stored, changed = now_stored, now
+        if stored >= acknowledged or now - changed >= 1.0 or now - started >= timeout_s:
+            return stored, round(now - started, 3)
+        time.sleep(0.05)
+
+
 class Topics:
     """Fresh topics on one cluster: `with topics.fresh(rf, partitions) as name: ...`."""
 
@@ -117,7 +134,8 @@ def measure_cell(pool: LoadPool, cluster: Cluster, topics: Topics, cell: dict, s
                               partitions=list(range(cell["partitions"])), acks=cell["acks"],
                               record_size=cell["record_size"], seconds=seconds, rate=rate,
                               cpu_of={f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()})  # fmt: skip
-        result["stored"] = sum(end_offsets(cluster.bootstrap, topic, cell["partitions"]))
+        result["stored"], result["stored_after_s"] = settled_end_offsets(cluster, topic, cell["partitions"],
+                                                                         result["records"])  # fmt: skip
     finally:
         if not keep:
             delete_topic(cluster, topic)

@@ -50,7 +50,7 @@ SEMANTICS = (
 
 def unavailable() -> str | None:
     if find_binary(BINARY) is None:
-        return f"{BINARY} not installed: run `make bench-system-deps`"
+        return f"{BINARY} not installed: run `make system-deps`"
     return None
 
 

@@ -1,6 +1,6 @@
 """bench.peers: each peer system comes up, takes acknowledged load, and leaves nothing behind.
 
-Skipped when the peer's server is not installed (`make bench-system-deps` installs both).
+Skipped when the peer's server is not installed (`make system-deps` installs both).
 """
 
 from __future__ import annotations
