@@ -53,6 +53,7 @@ from bench.broker import (
 )
 from bench.common import MB, print_goals, print_note, print_table, write_results
 from bench.load import LoadPool, batch_records_for, curve
+from bench.plots import percentile_spectrum
 
 MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
@@ -215,33 +216,8 @@ _curve = curve  # the percentile curve of an HdrHistogram (bench.load.curve), ke
 
 
 def plot(runs: list[dict], path: Path, title: str) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for run in runs:
-        xs = [1 / max(1e-6, 1 - p / 100) for p, _ in run["curve_ms"]]
-        ax.plot(xs, [ms for _, ms in run["curve_ms"]], marker=".", label=run["label"])
-    ticks = [1, 2, 10, 100, 1000, 10000]
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ticks, ["0%", "50%", "90%", "99%", "99.9%", "99.99%"])
-    ax.set_xlabel("percentile")
-    ax.set_ylabel("produce latency (ms)")
-    ax.axhline(
-        GOAL_P99_MS, color="grey", linestyle=":", label=f"goal p99 {GOAL_P99_MS:g} ms (half rate)"
-    )
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return percentile_spectrum([(run["label"], run["curve_ms"]) for run in runs], path, title,
+                               "produce latency (ms)", GOAL_P99_MS, f"goal p99 {GOAL_P99_MS:g} ms (half rate)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

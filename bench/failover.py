@@ -47,6 +47,7 @@ from bench.broker import (
     spawn_context,
 )
 from bench.common import goal, print_goals, print_note, print_table, write_results
+from bench.plots import finish, pyplot
 
 TOPIC = "bench-failover"
 PARTITIONS = 3
@@ -337,12 +338,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def plot(kills: list[dict], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for series, marker in (("leader", "o"), ("controller", "s")):
@@ -356,13 +353,7 @@ def plot(kills: list[dict], path: Path) -> Path | None:
     ax.set_xscale("log")
     ax.set_xlabel("unavailability: SIGKILL to first acks=all ack from the new leader (ms)")
     ax.set_ylabel("fraction of kills")
-    ax.set_title("failover, 3 brokers, RF 3, min.insync.replicas 2", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, "failover, 3 brokers, RF 3, min.insync.replicas 2")
 
 
 def main(argv: list[str] | None = None) -> int:

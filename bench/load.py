@@ -60,6 +60,26 @@ class Job:
     start_at: float  # time.monotonic() of the agreed start
 
 
+class Schedule:
+    """Open-loop pacing from now for `seconds`: item i is due at start + i x interval
+    (interval 0: each item is due when it is sent, i.e. full speed)."""
+
+    def __init__(self, seconds: float, interval: float):
+        self.start = time.monotonic()
+        self.stop = self.start + seconds
+        self.interval = interval
+
+    def due(self, sent: int, now: float) -> float:
+        return self.start + sent * self.interval if self.interval else now
+
+    def sent(self, due: float) -> float:
+        """Where an item's latency starts, called right before it is sent: at full speed the
+        send; paced, its due time, or the send when that is earlier (a timer that fires early
+        must not shorten latency; event-loop timers have 1 ms resolution)."""
+        now = time.monotonic()
+        return min(due, now) if self.interval else now
+
+
 # -- inside a load process ----------------------------------------------------------------------
 
 
@@ -96,22 +116,15 @@ async def _run_own(job: Job) -> dict:
             await (await producer.send_batch(job.topic, partition, batch))
         await asyncio.sleep(max(0.0, job.start_at - time.monotonic()))
         cpu0 = _cpu()
-        start = time.monotonic()
-        stop = start + job.seconds
-        interval = batch_records / job.rate if job.rate > 0 else 0.0
+        schedule = Schedule(job.seconds, batch_records / job.rate if job.rate > 0 else 0.0)
+        start = schedule.start
         sent = 0
-        while True:
-            now = time.monotonic()
-            if now >= stop:
-                break
-            due = now
-            if interval:
-                due = start + sent * interval
-                if due > now:
-                    await asyncio.sleep(due - now)
+        while (now := time.monotonic()) < schedule.stop:
+            due = schedule.due(sent, now)
+            if due > now:
+                await asyncio.sleep(due - now)
             await room.acquire()
-            if not interval:
-                due = time.monotonic()
+            due = schedule.sent(due)
             partition = job.partitions[sent % len(job.partitions)]
             future = await producer.send_batch(job.topic, partition, batch)
             future.add_done_callback(lambda f, d=due: done(f, d))
@@ -150,19 +163,14 @@ def _run_confluent(job: Job) -> dict:
     produce, poll = producer.produce, producer.poll
     time.sleep(max(0.0, job.start_at - time.monotonic()))
     cpu0 = _cpu()
-    start = time.monotonic()
-    stop = start + job.seconds
-    interval = 1.0 / job.rate if job.rate > 0 else 0.0
+    schedule = Schedule(job.seconds, 1.0 / job.rate if job.rate > 0 else 0.0)
+    start = schedule.start
     sent = 0
-    while True:
-        now = time.monotonic()
-        if now >= stop:
-            break
-        due = now
-        if interval:
-            due = start + sent * interval
-            if due > now:
-                poll(due - now)  # serve callbacks while pacing
+    while (now := time.monotonic()) < schedule.stop:
+        due = schedule.due(sent, now)
+        if due > now:
+            poll(due - now)  # serve callbacks while pacing
+        due = schedule.sent(due)
         while True:
             try:
                 produce(

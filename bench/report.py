@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from bench.plots import finish, percentile_spectrum, pyplot
+
 GOAL_RECORDS_PER_S = 1_000_000
 GOAL_PRODUCE_P99_MS = 5.0
 GOAL_E2E_P99_MS = 10.0
@@ -171,19 +173,8 @@ def suite_goals(docs: dict) -> list[dict]:
 # -- plots --------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
 def plot_latency_vs_throughput(docs: dict, path: Path) -> Path | None:
-    plt = _pyplot()
+    plt = pyplot()
     curves = [c for c in (curve_of(docs, "own"), curve_of(docs, "confluent")) if c]
     if plt is None or not curves:
         return None
@@ -208,18 +199,11 @@ def plot_latency_vs_throughput(docs: dict, path: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_xlabel("acknowledged records/s (acks=all, RF 3, 100 B, 6 partitions)")
     ax.set_ylabel("produce latency from due time (ms)")
-    ax.set_title("latency vs throughput, open loop (target rates 10% .. 100% of each client's maximum)",
-                 fontsize=9)  # fmt: skip
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return finish(fig, ax, path, "latency vs throughput, open loop (target rates 10% .. 100% of each "
+                  "client's maximum)", legend_fontsize=7)  # fmt: skip
 
 
 def plot_percentiles(docs: dict, path: Path) -> Path | None:
-    plt = _pyplot()
     series = []
     for client, name in (
         ("own", "produce, localcluster client"),
@@ -237,44 +221,16 @@ def plot_percentiles(docs: dict, path: Path) -> Path | None:
             )
         )
     for peer in peers_of(docs):
-        if not peer.get("skipped") and peer.get("curve_ms"):
-            series.append(
-                (
-                    f"{peer['system']} at {peer['records_per_s']:,.0f}/s (its maximum)",
-                    peer["curve_ms"],
-                )
-            )
-    if plt is None or not series:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    for label, points in series:
-        xs = [1 / max(1e-6, 1 - p / 100) for p, _ in points]
-        ax.plot(xs, [v for _, v in points], marker=".", label=label)
-    ticks = [1, 2, 10, 100, 1000, 10000]
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ticks, ["0%", "50%", "90%", "99%", "99.9%", "99.99%"])
-    ax.set_xlabel("percentile")
-    ax.set_ylabel("latency (ms)")
-    ax.axhline(
-        GOAL_E2E_P99_MS,
-        color="grey",
-        linestyle=":",
-        label=f"goal: end-to-end p99 {GOAL_E2E_P99_MS:g} ms",
-    )
-    ax.set_title(
-        "latency percentile spectrum at half the maximum rate (acks=all, RF 3, 100 B)", fontsize=9
-    )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        half = peer.get("half_rate")
+        if half and half.get("curve_ms"):
+            series.append((f"{peer['system']} at {half['records_per_s']:,.0f}/s", half["curve_ms"]))
+    return percentile_spectrum(series, path, "latency percentile spectrum at half the maximum rate "
+                               "(acks=all, RF 3, 100 B)", "latency (ms)", GOAL_E2E_P99_MS,
+                               f"goal: end-to-end p99 {GOAL_E2E_P99_MS:g} ms")  # fmt: skip
 
 
 def plot_failover_timeline(docs: dict, path: Path) -> Path | None:
-    plt = _pyplot()
+    plt = pyplot()
     line = docs.get("failover", {}).get("timeline")
     if plt is None or not line or not line.get("acked_per_s"):
         return None
@@ -450,22 +406,23 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
         rows = []
         for p in peers:
             if p.get("skipped"):
-                rows.append([p["name"], "-", "-", "-", "-", f"not measured: {p['skipped']}"])
+                rows.append(
+                    [p["name"], "-", "-", "-", "-", "-", "-", f"not measured: {p['skipped']}"]
+                )
             else:
+                half = p.get("half_rate") or {"latency_ms": {}}
                 rows.append([p["system"], num(p["records_per_s"]), num(p["mb_per_s"], 1), ms(p["latency_ms"]["p50"]),
-                             ms(p["latency_ms"]["p99"]), p.get("setup", "")])  # fmt: skip
+                             ms(p["latency_ms"]["p99"]), ms(half["latency_ms"].get("p50")),
+                             ms(half["latency_ms"].get("p99")), p.get("setup", "")])  # fmt: skip
         best = max(headline_cells(docs), key=lambda c: c["records_per_s"], default=None)
         if best:
+            half = half_point(curve_of(docs, "own")) or {"latency_ms": {}}
             rows.insert(0, ["localcluster (acks=all, RF 3)", num(best["records_per_s"]), num(best["mb_per_s"], 1),
                             ms(best["latency_ms"]["p50"]), ms(best["latency_ms"]["p99"]),
+                            ms(half["latency_ms"].get("p50")), ms(half["latency_ms"].get("p99")),
                             f"3 brokers, {best['partitions']} partitions, tmpfs, our client"])  # fmt: skip
-        md.append(
-            table(
-                ["system", "acknowledged records/s", "MB/s", "p50 ms", "p99 ms", "setup"],
-                rows,
-                "lrrrrl",
-            )
-        )
+        md.append(table(["system", "acknowledged records/s", "MB/s", "p50 ms (max rate)", "p99 ms (max rate)",
+                         "p50 ms (half rate)", "p99 ms (half rate)", "setup"], rows, "lrrrrrrl"))  # fmt: skip
         md.append("\nHow the acknowledgements differ:\n")
         md.append("- **localcluster, acks=all**: a record is acknowledged when every replica in the ISR "
                   "(here 3; at least min.insync.replicas 2) has appended it to its log (page cache, no "
