@@ -1,6 +1,6 @@
 """The benchmark suite: every benchmark in one run, one report (`make bench`).
 
-    python -m bench.suite            # the full run, about 15-20 minutes on a 2-core machine
+    python -m bench.suite            # the full run, about 14 minutes on a 2-core machine
     python -m bench.suite --quick    # under 3 minutes: shorter runs, tmpfs only, fewer cells
     python -m bench.suite --only matrix,peers     # some steps (names below)
     python -m bench.suite --skip peers
