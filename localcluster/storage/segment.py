@@ -2,7 +2,9 @@
 
 The active segment's file is preallocated (sparse) to its capacity and mapped whole; the pages
 just ahead of the write position are prefaulted in chunks with MADV_POPULATE_WRITE, because an
-append that takes one page fault per 4 KiB runs several times slower. On roll and clean close
+append that takes one page fault per 4 KiB runs several times slower. The first chunk is
+populated on the caller's thread; each next one, once the writer is halfway into the last, on
+the prefault thread (prefault.py), so the event loop does not stop while pages are allocated. On roll and clean close
 the file is trimmed to its valid bytes, so a closed segment's size is its data.
 
 Crash safety rests on two rules:
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from localcluster.storage import prefault
 from localcluster.storage import record_batch as rb
 from localcluster.storage.index import BatchIndex
 
@@ -84,7 +87,8 @@ class LogSegment:
         self._file = None
         self._mm: mmap.mmap | None = None
         self._mapped = 0
-        self._prefaulted = 0
+        self._prefaulted = 0  # populated, or requested from the prefault thread, up to here
+        self._region: prefault.MappedRegion | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -219,9 +223,14 @@ class LogSegment:
         self._release_map()
         if length:
             self._mm = mmap.mmap(self._file.fileno(), length)
+            if prefault.AVAILABLE:
+                self._region = prefault.MappedRegion(self._mm)
         self._mapped = length
 
     def _release_map(self) -> None:
+        if self._region is not None:
+            self._region.close()  # no background populate of this map from here on
+            self._region = None
         if self._mm is not None:
             try:
                 self._mm.close()
@@ -245,6 +254,8 @@ class LogSegment:
         assert end <= self.capacity
         if end > self._prefaulted:
             self._prefault(end)
+        elif self._region is not None and end + self.prefault_bytes // 2 > self._prefaulted:
+            self._prefault_ahead()
         mm = self._mm
         mm[position + rb.LOG_OVERHEAD : end] = data[start + rb.LOG_OVERHEAD : start + size]
         rb.set_partition_leader_epoch(mm, position, leader_epoch)
@@ -252,6 +263,14 @@ class LogSegment:
         self.index.append(base_offset - self.base_offset, position, header.max_timestamp)
         self.size = end
         self.next_offset = base_offset + header.last_offset_delta + 1
+
+    def _prefault_ahead(self) -> None:
+        """Past half of the populated room: have the prefault thread populate the next chunk."""
+        start = self._prefaulted
+        stop = min(self._mapped, -(-(start + self.prefault_bytes) // PAGE) * PAGE)
+        if stop > start:
+            prefault.PREFAULTER.request(self._region, start, stop)
+            self._prefaulted = stop
 
     def _prefault(self, needed: int) -> None:
         start = self._prefaulted & ~(PAGE - 1)
