@@ -433,14 +433,34 @@ def run_worker(target, *args, timeout_s: float = 300.0) -> dict:
         kill_workers([worker])
 
 
-def end_offset(bootstrap: str, topic: str, partition: int) -> int:
+def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    """Each partition's end offset as consumers see it (its high watermark)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-offsets"})
     try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+        return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)]  # fmt: skip
     finally:
         consumer.close()
+
+
+def settled_end_offsets(bootstrap: str, topic: str, partitions: int, acknowledged: float = float("inf"),
+                        timeout_s: float = 15.0) -> tuple[int, float]:  # fmt: skip
+    """The sum of the partitions' high watermarks once it reaches `acknowledged` or stops
+    growing for a second, and the seconds that took. With acks=0 and acks=1 the high watermark
+    trails the acknowledgements by the followers' backlog (not loss); a run that starts before
+    they caught up measures their catching up too."""
+    started = time.monotonic()
+    stored, changed = -1, started
+    while True:
+        now_stored = sum(end_offsets(bootstrap, topic, partitions))
+        now = time.monotonic()
+        if now_stored != stored:
+            stored, changed = now_stored, now
+        if stored >= acknowledged or now - changed >= 1.0 or now - started >= timeout_s:
+            return stored, round(now - started, 3)
+        time.sleep(0.05)
 
 
 def rate_row(
@@ -507,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             limits.append(storage_append_limit(batch, BATCH_RECORDS, records))
             ck_runs.append(measured(ck_produce_worker, boot, TOPIC, 0, records, "1", CK_PRODUCER))
             our_runs.append(measured(our_produce_worker, boot, TOPIC, 0, records, 1, BATCH_RECORDS))
-        produced = end_offset(boot, TOPIC, 0)
+        (produced,) = end_offsets(boot, TOPIC, 1)
         expected = sum(r["records"] + r.get("warmup_records", 0) for r in ck_runs + our_runs)
         fetched = min(produced, records)  # offsets [0, fetched): one produce run's worth
         read_limits, ck_fetch, our_fetch = [], [], []

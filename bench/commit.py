@@ -8,8 +8,10 @@ What is measured, in one run:
   `recv_into` their own prefaulted mmaps and acknowledge cumulative byte counts; the leader
   acknowledges the minimum of the two to the producer. Timed from the first byte sent to the
   last acknowledgement: three copies of every byte and the acks, on the same cores.
-- acks=1, full speed; acks=all, full speed; acks=all rate-limited to half the acks=all rate
-  just measured. Load: --producers processes of our client, each sending prebuilt batches
+- acks=all, full speed; acks=all rate-limited to half the acks=all rate just measured;
+  acks=1, full speed (last: its followers end behind by seconds of records, and a run after
+  it measured their catching up; every run starts once the high watermarks stopped moving).
+  Load: --producers processes of our client, each sending prebuilt batches
   (`encode_batch`, built once) with `AsyncProducer.send_batch` round-robin over the topic's
   partitions (one leader per broker), a bounded number of batches outstanding. Latency is
   per batch (every record of a batch is acknowledged at the same moment): from the moment
@@ -50,6 +52,7 @@ from bench.broker import (
     create_topic,
     install_sigterm,
     kill_workers,
+    settled_end_offsets,
 )
 from bench.common import MB, print_goals, print_note, print_table, write_results
 from bench.load import LoadPool, batch_records_for, curve
@@ -268,9 +271,16 @@ def main(argv: list[str] | None = None) -> int:
                       partitions=list(range(args.partitions)), record_size=RECORD_VALUE_BYTES,
                       seconds=run_s, outstanding=args.outstanding,
                       cpu_of={f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()})  # fmt: skip
-        acks1 = pool.measure(acks=1, **common)
+        # acks=1 last: its followers end seconds behind, and a run after it would measure
+        # their catching up; every run starts once the high watermarks stopped moving.
+        settle = dict(
+            bootstrap=cluster.bootstrap, topic=TOPIC, partitions=args.partitions, timeout_s=120
+        )
         full = pool.measure(acks="all", **common)
+        settled_end_offsets(**settle)
         half = pool.measure(acks="all", rate=full["records_per_s"] / 2, **common)
+        settled_end_offsets(**settle)
+        acks1 = pool.measure(acks=1, **common)
         isr_after = {p: list(cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)}
     finally:
         pool.close()

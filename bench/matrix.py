@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench.broker import Cluster, create_topic, install_sigterm
+from bench.broker import Cluster, create_topic, install_sigterm, settled_end_offsets
 from bench.common import filesystem_of, print_note, print_table, write_results
 from bench.load import CLIENTS, LoadPool
 
@@ -78,34 +78,6 @@ def delete_topic(cluster: Cluster, topic: str) -> None:
     cluster.zk().request_topic_deletion(topic)
 
 
-def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-matrix"})
-    try:
-        return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)]  # fmt: skip
-    finally:
-        consumer.close()
-
-
-def settled_end_offsets(cluster: Cluster, topic: str, partitions: int, acknowledged: int,
-                        timeout_s: float = 15.0) -> tuple[int, float]:  # fmt: skip
-    """The sum of the partitions' end offsets (high watermarks) once it reaches `acknowledged`
-    or stops growing for a second, and the seconds that took. With acks=0 and acks=1 the high
-    watermark trails the acknowledgements by the replication backlog; it is not loss."""
-    started = time.monotonic()
-    stored, changed = -1, started
-    while True:
-        now_stored = sum(end_offsets(cluster.bootstrap, topic, partitions))
-        now = time.monotonic()
-        if now_stored != stored:
-            stored, changed = now_stored, now
-        if stored >= acknowledged or now - changed >= 1.0 or now - started >= timeout_s:
-            return stored, round(now - started, 3)
-        time.sleep(0.05)
-
-
 class Topics:
     """Fresh topics on one cluster: `with topics.fresh(rf, partitions) as name: ...`."""
 
@@ -134,8 +106,9 @@ def measure_cell(pool: LoadPool, cluster: Cluster, topics: Topics, cell: dict, s
                               partitions=list(range(cell["partitions"])), acks=cell["acks"],
                               record_size=cell["record_size"], seconds=seconds, rate=rate,
                               cpu_of={f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()})  # fmt: skip
-        result["stored"], result["stored_after_s"] = settled_end_offsets(cluster, topic, cell["partitions"],
-                                                                         result["records"])  # fmt: skip
+        result["stored"], result["stored_after_s"] = settled_end_offsets(
+            cluster.bootstrap, topic, cell["partitions"], result["records"]
+        )
     finally:
         if not keep:
             delete_topic(cluster, topic)
