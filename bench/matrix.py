@@ -56,7 +56,7 @@ class Scale:
 
 FULL = Scale(cell_s=4.0, curve_s=4.0, e2e_s=8.0, filesystems=("shm", "disk"), acks=ACKS, partitions=PARTITIONS,
              confluent_everywhere=True, curve_fractions=CURVE_FRACTIONS)  # fmt: skip
-QUICK = Scale(cell_s=1.0, curve_s=1.0, e2e_s=2.0, filesystems=("shm",), acks=("1", "all"), partitions=(6,),
+QUICK = Scale(cell_s=2.0, curve_s=2.0, e2e_s=3.0, filesystems=("shm",), acks=("1", "all"), partitions=(6,),
               confluent_everywhere=False, curve_fractions=(0.25, 0.5, 0.75, 1.0))  # fmt: skip
 
 
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="1 s cells, tmpfs only, 6 partitions, acks 1/all, librdkafka on acks=all RF 3 only",
+        help="2 s cells, tmpfs only, 6 partitions, acks 1/all, librdkafka on acks=all RF 3 only",
     )
     parser.add_argument("--json", action="store_true", help="also print the JSON to stdout")
     parser.add_argument("--filesystems", help="comma-separated: shm,disk (default: by --quick)")
