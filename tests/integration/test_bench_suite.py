@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,34 @@ def test_suite_names_the_steps_when_given_an_unknown_one(tmp_path):
     assert done.returncode == 2
     assert "unknown step nosuch" in done.stderr and "matrix" in done.stderr
     assert not any(tmp_path.iterdir())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"  # exited, not yet reaped by its parent
+
+
+def test_a_failing_and_an_overrunning_step_are_reported_and_stopped(tmp_path, monkeypatch):
+    from bench import suite
+
+    monkeypatch.delenv("BENCH_RESULTS_DIR", raising=False)  # main() sets it; restored after
+    monkeypatch.setattr(suite, "STEPS", {"fail": ("tests.bench_step_stub fail", 60, 60, True),
+                                         "hang": ("tests.bench_step_stub hang", 3, 3, True)})  # fmt: skip
+    assert suite.main(["--quick", "--results", str(tmp_path)]) == 1
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink()]
+    steps = {s["name"]: s["status"] for s in json.loads((run / "suite.json").read_text())["steps"]}
+    assert steps == {"fail": "failed (exit code 3)", "hang": "stopped after its 3 s limit"}
+    assert "failing on purpose" in (run / "fail.log").read_text()
+    pids = [int(p) for p in (run / "hang.pids").read_text().split()]
+    deadline = time.monotonic() + 10  # SIGTERM reached the group; the child dies on its own time
+    while not all(_gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, "the step's process group outlived the suite"
+        time.sleep(0.02)
+    report = (run / "report.md").read_text()
+    assert (
+        "| fail | failed (exit code 3) |" in report
+        and "| hang | stopped after its 3 s limit |" in report
+    )
