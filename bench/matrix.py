@@ -193,8 +193,9 @@ def run_e2e(cluster: Cluster, topics: Topics, matrix: list[dict], scale: Scale, 
     rate = full["records_per_s"] / 2
     topic = topics.create(CURVE_CELL["replication_factor"], CURVE_CELL["partitions"])
     try:
+        # two producer processes, as the curves' load: the same load, now also consumed
         result = measure_e2e(cluster.bootstrap, topic, CURVE_CELL["partitions"], rate, scale.e2e_s,
-                             record_size=CURVE_CELL["record_size"])  # fmt: skip
+                             record_size=CURVE_CELL["record_size"], producers=2)  # fmt: skip
     finally:
         delete_topic(cluster, topic)
     say(f"  e2e at {rate:,.0f}/s: produce p99 {fmt_ms(result['produce_latency_ms']['p99'])} ms, "
