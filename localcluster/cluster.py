@@ -256,6 +256,25 @@ def send_signal(pid: int, signum: int) -> bool:
         return False
 
 
+def pause(spec: ClusterSpec, pid: int) -> bool:
+    """SIGSTOP a process of the cluster at a moment it holds no lock of the file store.
+
+    A process stopped inside the store's lock stops every client of the store, the controller
+    and whoever means to send the SIGCONT included (docs/coordination.md); holding the lock
+    ourselves while the signal lands rules that out. False when the process is gone."""
+    from localcluster.coord import ZOOKEEPER_SCHEME
+    from localcluster.coord.file_store import lock_held
+
+    if spec.coordination.startswith(ZOOKEEPER_SCHEME):
+        return send_signal(pid, signal.SIGSTOP)
+    try:
+        with lock_held(spec.coordination):
+            return send_signal(pid, signal.SIGSTOP)
+    except TimeoutError as e:
+        raise ClusterError(f"pid {pid} was not paused: {e}; a stopped process of the cluster holds "
+                           "it (`localcluster status` shows paused brokers; SIGCONT resumes them)") from None  # fmt: skip
+
+
 def wait_gone(pids, timeout_s: float, alive=None) -> set[int]:
     """Wait until none of pids runs (zombies count as gone); returns the ones still running."""
     alive = alive or (lambda pid: process_state(pid) not in (None, "Z", "X"))

@@ -32,6 +32,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 import urllib.parse
 import zlib
 from dataclasses import dataclass, field
@@ -108,6 +109,34 @@ def encode_name(name: str) -> str:
             f"backend stores names as directory entries, limited to {NAME_BYTES_MAX} bytes"
         )
     return encoded
+
+
+@contextlib.contextmanager
+def lock_held(root: str, timeout_s: float = 10.0):
+    """Hold the store's lock exclusively: meanwhile no process is inside a store operation.
+
+    For stopping a process at a safe moment (cluster.pause): a process stopped while holding
+    the lock would stop every other client of the store until it runs again. Raises
+    TimeoutError when the lock stays taken for `timeout_s` (a stopped process holds it)."""
+    fd = os.open(os.path.join(os.path.abspath(root), "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"the store lock {root}/lock stayed taken for {timeout_s:g} s"
+                    ) from None
+                time.sleep(0.001)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class FileStore:

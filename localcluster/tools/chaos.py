@@ -294,7 +294,7 @@ class Engine:
             cluster.wait_gone([pid], 5.0)
             self.down[broker] = "killed"
         else:
-            cluster.send_signal(pid, signal.SIGSTOP)
+            cluster.pause(self.spec, pid)
             self.down[broker] = "stopped"
         if fault.chain_ms >= 0:
             self.chains.append([fault.partition, broker, fault, self.now_ms() + 5000])
@@ -319,7 +319,7 @@ class Engine:
             cluster.wait_gone([pid], 5.0)
             self.supervisor_down = "killed"
         else:
-            cluster.send_signal(pid, signal.SIGSTOP)
+            cluster.pause(self.spec, pid)
             self.supervisor_down = "stopped"
         self.record(
             "SIGKILL" if fault.fault == "kill" else "SIGSTOP",

@@ -404,7 +404,11 @@ def stop_broker(cluster_dir: Path, broker_id: int, signum: int, timeout_s: float
     if pid is None:
         raise ClusterError(f"broker {broker_id} is not running; `localcluster start {broker_id}` "
                            "starts it")  # fmt: skip
-    if not cluster.send_signal(pid, signum):
+    if signum == signal.SIGSTOP:
+        sent = cluster.pause(cluster.load_spec(cluster_dir), pid)
+    else:
+        sent = cluster.send_signal(pid, signum)
+    if not sent:
         raise ClusterError(f"broker {broker_id} (pid {pid}) exited before the signal")
     gone = None
     if signum in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):

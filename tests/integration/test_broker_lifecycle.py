@@ -88,13 +88,16 @@ def test_a_broker_paused_past_its_session_timeout_registers_again(brokers):
 
     from localcluster import coord
     from localcluster.coord import paths
+    from localcluster.coord.file_store import lock_held
     from tests.helpers import wait_until
 
     brokers.start(1, zookeeper_session_timeout_ms=1000)
     paused = brokers.start(2, zookeeper_session_timeout_ms=1000)
     store = coord.connect(str(brokers.cluster_dir / "store"))
     try:
-        os.kill(paused.pid, signal.SIGSTOP)
+        # stopped inside the store's lock it would stop us too, and nobody would resume it
+        with lock_held(str(brokers.cluster_dir / "store")):
+            os.kill(paused.pid, signal.SIGSTOP)
         try:
             wait_until(lambda: store.exists(paths.broker_path(2)) is None, timeout_s=10,
                        message="the paused broker's session expires")  # fmt: skip

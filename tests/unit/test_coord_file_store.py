@@ -281,3 +281,30 @@ def test_a_torn_changelog_line_longer_than_a_read_chunk_is_cut_whole(tmp_path):
     with open(store.path("changes"), "rb") as changes:
         assert changes.read().splitlines() == [b"[0, null]", b'[1,[["created","/kept"]]]']
     store.close()
+
+
+def test_lock_held_waits_for_the_store_lock_and_times_out_when_it_stays_taken(tmp_path):
+    import fcntl
+    import os
+
+    import pytest
+
+    from localcluster.coord.file_store import FileStore, lock_held
+
+    store = FileStore(str(tmp_path))
+    holder = os.open(tmp_path / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with (
+            pytest.raises(TimeoutError, match="stayed taken"),
+            lock_held(str(tmp_path), timeout_s=0.05),
+        ):
+            pass
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        with lock_held(str(tmp_path), timeout_s=1.0):  # while held, nobody else gets it
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and it is released after
+    finally:
+        os.close(holder)
+        store.close()
