@@ -220,9 +220,12 @@ class Log:
                 )
             expected = header.next_offset
         cache = self.leader_epoch_cache
-        # An epoch that starts at our log end holds nothing (we led it and wrote nothing, or
-        # its records were truncated): the leader's batches say which epochs really follow.
-        cache.truncate_from_end(self.log_end_offset)
+        # An epoch above the leader's first batch that starts at our log end holds nothing (we
+        # led it and wrote nothing, or its records were truncated): the leader's batches say
+        # which epochs really follow. The epoch the leader continues stays, also where it starts
+        # at our log end because retention deleted all its records and moved its start there.
+        if cache.latest_epoch > batches[0][1].partition_leader_epoch:
+            cache.truncate_from_end(self.log_end_offset)
         for start, header in batches:
             if header.partition_leader_epoch > cache.latest_epoch:
                 cache.assign(header.partition_leader_epoch, header.base_offset)

@@ -158,6 +158,29 @@ def test_roll_of_an_empty_active_segment_changes_nothing(tmp_path):
     again.close()
 
 
+def test_follower_append_drops_only_stale_epochs_that_start_at_the_log_end(tmp_path):
+    """Hypothesis found it (tests/unit/test_log_model.py): retention deletes every record of
+    epoch 0 and moves its start to the log end; the leader's next batch continues epoch 0 after a
+    gap. Epoch 0 still starts at 1, as in Kafka, whereas an epoch above the leader's, started at
+    the log end by a leader that wrote nothing, goes."""
+    config = LogConfig(
+        segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096, retention_ms=400
+    )
+    log = Log.open(tmp_path / "t-0", config)
+    try:
+        log.append_as_follower(batch(1, epoch=0, base_offset=0))
+        log.roll()
+        assert log.delete_old_segments(now_ms=1000 + 400 + 1) == 1
+        assert (log.log_start_offset, log.leader_epoch_cache.entries()) == (1, [(0, 1)])
+        log.append_as_follower(batch(1, epoch=0, base_offset=2))
+        assert log.leader_epoch_cache.entries() == [(0, 1)]
+        log.leader_epoch_cache.assign(4, log.log_end_offset)  # we led epoch 4, wrote nothing
+        log.append_as_follower(batch(1, epoch=3, base_offset=3))
+        assert log.leader_epoch_cache.entries() == [(0, 1), (3, 3)]
+    finally:
+        log.close()
+
+
 def test_follower_append_keeps_offsets_and_epochs(log):
     info = log.append_as_follower(
         batch(2, epoch=3, base_offset=0) + batch(1, epoch=5, base_offset=2)
