@@ -79,7 +79,8 @@ def delete_topic(cluster: Cluster, topic: str) -> None:
 
 
 class Topics:
-    """Fresh topics on one cluster: `with topics.fresh(rf, partitions) as name: ...`."""
+    """Fresh topics on one cluster, numbered: `topics.create(rf, partitions)` returns the name
+    once every partition has a leader (and, with RF > 1, a full ISR)."""
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -226,7 +227,7 @@ def print_results(results: dict) -> None:
         rows = [(describe(c), f"{c['records_per_s']:,.0f}", f"{c['mb_per_s']:,.1f}",
                  fmt_ms(c["latency_ms"]["p50"]), fmt_ms(c["latency_ms"]["p99"]), f"{c['stored']:,}",
                  str(c["errors"])) for c in run["cells"]]  # fmt: skip
-        print_table(f"Produce matrix, logs on {fs} ({fs and run['filesystem']['type']})",
+        print_table(f"Produce matrix, logs on {fs['label']} ({fs['type']} at {fs['mount']})",
                     ["cell", "records/s", "MB/s", "p50 ms", "p99 ms", "stored", "errors"], rows)  # fmt: skip
         for curve in run["curves"]:
             rows = [(f"{p['fraction']:.0%}", f"{p['target_records_per_s']:,.0f}", f"{p['records_per_s']:,.0f}",
