@@ -222,13 +222,8 @@ class ReplicaManager:
     def _apply_partition_state(self, state: PartitionState, topic_config=None) -> int:
         tp = (state.topic, state.partition)
         hosted = self.partitions.get(tp)
-        if (
-            hosted is not None
-            and state.leader_epoch <= hosted.state.leader_epoch
-            and not (
-                state.leader_epoch == hosted.state.leader_epoch
-                and state.zk_version > hosted.state.zk_version
-            )
+        if hosted is not None and not hosted.state.is_newer_state(
+            state.leader_epoch, state.zk_version
         ):
             log.info("ignoring LeaderAndIsr for %s-%d in leader epoch %d: epoch %d is current",
                      *tp, state.leader_epoch, hosted.state.leader_epoch)  # fmt: skip

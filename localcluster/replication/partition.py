@@ -77,6 +77,13 @@ class Partition:
 
     # -- role changes (from LeaderAndIsr) ---------------------------------------------------
 
+    def is_newer_state(self, leader_epoch: int, zk_version: int) -> bool:
+        """Whether a LeaderAndIsr partition state should be applied: a newer leader epoch, or
+        in the same epoch a newer znode version (the ISR changed). Older or equal: stale."""
+        return leader_epoch > self.leader_epoch or (
+            leader_epoch == self.leader_epoch and zk_version > self.zk_version
+        )
+
     def make_leader(self, leader_epoch: int, isr, assignment, zk_version: int,
                     log_start_offset: int, log_end_offset: int, high_watermark: int,
                     now_ms: int, controller_epoch: int = -1) -> bool:  # fmt: skip

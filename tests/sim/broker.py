@@ -306,13 +306,8 @@ class SimBroker:
 
     def _apply_partition_state(self, state: m.PartitionStateMsg) -> int:
         hosted = self.partitions.get(state.tp)
-        if (
-            hosted is not None
-            and state.leader_epoch <= hosted.state.leader_epoch
-            and not (
-                state.leader_epoch == hosted.state.leader_epoch
-                and state.zk_version > hosted.state.zk_version
-            )
+        if hosted is not None and not hosted.state.is_newer_state(
+            state.leader_epoch, state.zk_version
         ):
             return ErrorCode.stale_controller_epoch
         if self.broker_id not in state.replicas:

@@ -56,6 +56,13 @@ def test_make_leader_alone_in_isr_commits_its_whole_log():
     assert p.high_watermark == 10
 
 
+def test_a_partition_state_is_newer_by_epoch_or_by_znode_version_within_it():
+    p = leader(epoch=5, zk=7)
+    assert p.is_newer_state(6, 0)  # a new leader epoch, whatever the version
+    assert p.is_newer_state(5, 8)  # the same epoch, the ISR changed
+    assert not p.is_newer_state(5, 7) and not p.is_newer_state(5, 6) and not p.is_newer_state(4, 99)
+
+
 def test_make_leader_rejects_an_older_epoch():
     p = leader(epoch=5)
     with pytest.raises(AssertionError):
