@@ -3,6 +3,7 @@ always tear the cluster down (by the CLI, then by pid files and process groups).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -68,3 +69,15 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines, result
     return lines[-1]
+
+
+@contextlib.contextmanager
+def detached_cluster(cluster_dir: Path):
+    """`localcluster up -n 3 --detach`, torn down after. A killed follower leaves the ISR after
+    replica.lag.time.max.ms: 2 s keeps tests that kill brokers short."""
+    c = Cli(cluster_dir)
+    try:
+        c.run("up", "-n", "3", "--detach", "--set", "replica.lag.time.max.ms=2000", check=True)
+        yield c
+    finally:
+        c.teardown()

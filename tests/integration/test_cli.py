@@ -11,17 +11,13 @@ import pytest
 
 from localcluster import cluster
 from tests.helpers import wait_until
-from tests.integration.cli_cluster import Cli, one_line_error
+from tests.integration.cli_cluster import Cli, detached_cluster, one_line_error
 
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory):
-    c = Cli(tmp_path_factory.mktemp("cli") / "cluster")
-    try:
-        c.run("up", "-n", "3", "--detach", "--set", "replica.lag.time.max.ms=2000", check=True)
+    with detached_cluster(tmp_path_factory.mktemp("cli") / "cluster") as c:
         yield c
-    finally:
-        c.teardown()
 
 
 def test_up_detach_then_status_json(cli):

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.helpers import wait_until
-from tests.integration.cli_cluster import Cli, one_line_error
+from tests.integration.cli_cluster import Cli, detached_cluster, one_line_error
 
 TIMEOUT_S = 180
 PERCENTILES = ("p50", "p95", "p99", "p99.9", "max")
@@ -42,13 +42,8 @@ def check_latency(latency: dict, count: int) -> None:
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory):
-    c = Cli(tmp_path_factory.mktemp("perf") / "cluster")
-    try:
-        # a killed follower leaves the ISR after replica.lag.time.max.ms: keep that short
-        c.run("up", "-n", "3", "--detach", "--set", "replica.lag.time.max.ms=2000", check=True)
+    with detached_cluster(tmp_path_factory.mktemp("perf") / "cluster") as c:
         yield c
-    finally:
-        c.teardown()
 
 
 def test_produce_own_client(cli):
