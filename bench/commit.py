@@ -55,7 +55,7 @@ from bench.broker import (
     settled_end_offsets,
 )
 from bench.common import MB, print_goals, print_note, print_table, write_results
-from bench.load import LoadPool, batch_records_for, curve
+from bench.load import LoadPool, batch_records_for
 from bench.plots import percentile_spectrum
 
 MADV_POPULATE_WRITE = 23
@@ -211,11 +211,6 @@ def raw_three_copy(batch: bytes, records_per_batch: int, total_bytes: int) -> di
     finally:
         kill_workers(workers)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-# -- load ---------------------------------------------------------------------------------------
-
-_curve = curve  # the percentile curve of an HdrHistogram (bench.load.curve), kept for importers
 
 
 def plot(runs: list[dict], path: Path, title: str) -> Path | None:

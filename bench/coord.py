@@ -33,6 +33,7 @@ import time
 from hdrh.histogram import HdrHistogram
 
 from bench.common import goal, print_goals, print_note, print_table, write_results
+from bench.load import histogram
 from localcluster.coord import connect
 from localcluster.coord.zookeeper_server import ZooKeeperServer, installation_problem
 
@@ -87,10 +88,6 @@ def kill(processes: list[subprocess.Popen]) -> None:
         for stream in (process.stdin, process.stdout):
             if stream:
                 stream.close()
-
-
-def histogram() -> HdrHistogram:
-    return HdrHistogram(1, 120_000_000, 3)  # 1 us .. 120 s
 
 
 def percentiles(recorded: HdrHistogram, samples_us: list[int]) -> dict:

@@ -59,8 +59,8 @@ from bench.broker import (
     kill_workers,
     spawn_context,
 )
-from bench.commit import _curve
 from bench.common import print_note, print_table, write_results
+from bench.load import curve, histogram, latency_summary
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
@@ -376,19 +376,6 @@ def _next(results, workers, deadline: float, what: str):
         return message
 
 
-def _summary(hist) -> dict:
-    if hist.get_total_count() == 0:
-        return {k: None for k in ("p50", "p95", "p99", "p99.9", "min", "max", "mean")} | {
-            "count": 0
-        }
-    return {f"p{p:g}": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES} | {
-        "min": hist.get_min_value() / 1000,
-        "max": hist.get_max_value() / 1000,
-        "mean": hist.get_mean_value() / 1000,
-        "count": hist.get_total_count(),
-    }
-
-
 def _second(second: int, produce_us: list[int], e2e_us: list[int]) -> dict:
     """Nearest-rank p50/p99/max (ms) of the batches due in one second of the run: shows
     warm-up and stalls that the whole-run percentiles blur."""
@@ -418,8 +405,6 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
                 outstanding: int = 16) -> dict:  # fmt: skip
     """Produce at `rate` records/s for `seconds` into an existing topic and consume it as it
     is committed; per-batch produce and end-to-end latency (see the module's docstring)."""
-    from hdrh.histogram import HdrHistogram
-
     ctx = spawn_context()
     results, control, go = ctx.Queue(), ctx.Queue(), ctx.Queue()
     consumer = ctx.Process(target=consumer_worker, daemon=True,
@@ -492,9 +477,8 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         seen[key] = t
         if key not in acks and key not in warmup:
             unmatched += 1  # e.g. a batch whose produce failed but was appended
-    produce_hist = HdrHistogram(1, 120_000_000, 3)
-    e2e_hist = HdrHistogram(1, 120_000_000, 3)
-    send_delay_hist = HdrHistogram(1, 120_000_000, 3)  # due -> send_batch called
+    produce_hist, e2e_hist = histogram(), histogram()
+    send_delay_hist = histogram()  # due -> send_batch called
     missing = nonpositive = 0
     per_second: dict[int, list[list[int]]] = {}  # second of the run -> [produce µs], [e2e µs]
     for key, (due, send, ack) in acks.items():
@@ -528,11 +512,11 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         "errors": errors,
         "producer_errors": errors - received["errors"],
         "first_error": first_error,
-        "produce_latency_ms": _summary(produce_hist),
-        "e2e_latency_ms": _summary(e2e_hist),
-        "send_delay_ms": _summary(send_delay_hist),
-        "produce_curve_ms": _curve(produce_hist) if batches else [],
-        "e2e_curve_ms": _curve(e2e_hist) if e2e_hist.get_total_count() else [],
+        "produce_latency_ms": latency_summary(produce_hist),
+        "e2e_latency_ms": latency_summary(e2e_hist),
+        "send_delay_ms": latency_summary(send_delay_hist),
+        "produce_curve_ms": curve(produce_hist) if batches else [],
+        "e2e_curve_ms": curve(e2e_hist) if e2e_hist.get_total_count() else [],
         "config": {"partitions": partitions, "record_size": record_size, "batch_records": batch_records,
                    "producers": producers, "outstanding": outstanding, "acks": "all"},
         "consumer": {"fetch_max_wait_ms": FETCH_MAX_WAIT_MS, "fetch_min_bytes": 1,

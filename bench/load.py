@@ -83,7 +83,8 @@ class Schedule:
 # -- inside a load process ----------------------------------------------------------------------
 
 
-def _histogram():
+def histogram():
+    """An HdrHistogram of microseconds, 1 µs .. 120 s, 3 significant digits (every benchmark's)."""
     from hdrh.histogram import HdrHistogram
 
     return HdrHistogram(1, HISTOGRAM_MAX_US, 3)
@@ -94,7 +95,7 @@ async def _run_own(job: Job) -> dict:
 
     batch_records = batch_records_for(job.record_size)
     batch = build_batch(batch_records, job.record_size)
-    hist = _histogram()
+    hist = histogram()
     state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
     room = asyncio.Semaphore(job.outstanding)
 
@@ -143,7 +144,7 @@ def _run_confluent(job: Job) -> dict:
                          "linger.ms": 5, "batch.size": BATCH_BYTES, "enable.idempotence": False,
                          "queue.buffering.max.messages": 1_000_000,
                          "queue.buffering.max.kbytes": 256 << 10, "message.timeout.ms": 60_000})  # fmt: skip
-    hist = _histogram()
+    hist = histogram()
     state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
     value = b"v" * job.record_size
     single = {"partition": job.partitions[0]} if len(job.partitions) == 1 else {}
@@ -281,7 +282,7 @@ class LoadPool:
         failed = [r["failed"] for r in got if "failed" in r]
         if failed:
             raise RuntimeError(f"a load process failed: {failed[0]}")
-        hist = HdrHistogram(1, HISTOGRAM_MAX_US, 3)
+        hist = histogram()
         for result in got:
             hist.add(HdrHistogram.decode(result.pop("histogram")))
         acked = sum(r["acked"] for r in got)
@@ -307,12 +308,19 @@ class LoadPool:
 
 
 def latency_summary(hist) -> dict:
-    """p50, p95, p99, p99.9, max, mean (ms) and the count of an HdrHistogram of µs."""
+    """p50, p95, p99, p99.9, min, max, mean (ms) and the count of an HdrHistogram of µs."""
     count = hist.get_total_count()
     if not count:
-        return {"count": 0, **{f"p{p:g}": None for p in PERCENTILES}, "max": None, "mean": None}
+        return {
+            "count": 0,
+            **{f"p{p:g}": None for p in PERCENTILES},
+            "min": None,
+            "max": None,
+            "mean": None,
+        }
     return {"count": count, **{f"p{p:g}": hist.get_value_at_percentile(p) / 1000 for p in PERCENTILES},
-            "max": hist.get_max_value() / 1000, "mean": hist.get_mean_value() / 1000}  # fmt: skip
+            "min": hist.get_min_value() / 1000, "max": hist.get_max_value() / 1000,
+            "mean": hist.get_mean_value() / 1000}  # fmt: skip
 
 
 def curve(hist) -> list[tuple[float, float]]:

@@ -19,12 +19,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from hdrh.histogram import HdrHistogram
-
 from bench.common import MB, filesystem_of
+from bench.load import curve, histogram, latency_summary
 
 SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
-HIST_MAX_US = 120_000_000  # as bench.commit: 1 µs .. 120 s, 3 significant digits
 DRAIN_S = 10.0  # after the run, how long outstanding batches may take to be acknowledged
 
 
@@ -208,7 +206,7 @@ def run_load(driver: Driver, *, batch_records: int, outstanding: int, seconds: f
     from then (a stall delays every later slot and is counted); rate 0: as fast as the window
     allows, latency from the send. Latency is per batch (its last record's acknowledgement).
     """
-    hist = HdrHistogram(1, HIST_MAX_US, 3)
+    hist = histogram()
     interval_ns = int(batch_records / rate * 1e9) if rate > 0 else 0
     sel = selectors.DefaultSelector()
     for conn in driver.conns:
@@ -276,12 +274,6 @@ def run_load(driver: Driver, *, batch_records: int, outstanding: int, seconds: f
     finally:
         sel.close()
     elapsed = ((last_ack if acked else time.perf_counter_ns()) - start) / 1e9
-    count = hist.get_total_count()
-
-    def ms(value_us: float) -> float:
-        return value_us / 1000 if count else 0.0
-
-    from bench.commit import _curve
 
     return {
         "record_size": record_size, "target_records_per_s": rate or None,
@@ -289,10 +281,8 @@ def run_load(driver: Driver, *, batch_records: int, outstanding: int, seconds: f
         "records_per_s": acked / elapsed, "mb_per_s": acked * record_size / elapsed / MB,
         "errors": errors, "first_error": first_error,
         "batch_records": batch_records, "outstanding": outstanding, "batches_sent": next_id,
-        "latency_ms": {"p50": ms(hist.get_value_at_percentile(50)), "p99": ms(hist.get_value_at_percentile(99)),
-                       "p99.9": ms(hist.get_value_at_percentile(99.9)), "max": ms(hist.get_max_value()),
-                       "mean": ms(hist.get_mean_value()), "count": count},
-        "curve_ms": [list(point) for point in _curve(hist)] if count else [],
+        "latency_ms": latency_summary(hist),
+        "curve_ms": [list(point) for point in curve(hist)],
         "load_cpu_cores": (time.process_time() - cpu0) / elapsed,
     }  # fmt: skip
 
