@@ -27,7 +27,7 @@ the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
   answers the fetch and the produce at about the same moment), so e2e is not >= produce per
   batch; both count from the due time, so a stall of the load generator is in both.
 
-Sends are paced by a thread sleeping with nanosleep, not by event-loop timers (1 ms resolution;
+Sends are paced by bench.load.Pacer, a thread sleeping with nanosleep, not by event-loop timers (1 ms resolution;
 uvloop's fire up to 1 ms early): a batch is never sent before it is due, and its delay from the
 due time to the `send_batch` call (pacing, the outstanding limit, CPU starvation of the
 producer) is reported as `send_delay_ms`; both latencies include it.
@@ -45,7 +45,6 @@ import os
 import queue
 import struct
 import sys
-import threading
 import time
 import traceback
 
@@ -60,7 +59,7 @@ from bench.broker import (
     spawn_context,
 )
 from bench.common import print_note, print_table, write_results
-from bench.load import curve, histogram, latency_summary
+from bench.load import Pacer, curve, histogram, latency_summary
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
@@ -97,37 +96,6 @@ def _report_errors(results, name: str):
 
 
 # -- producer -----------------------------------------------------------------------------------
-
-
-class Pacer:
-    """`await pacer.until(t_ns)`: resumes at t (CLOCK_MONOTONIC) within ~0.1 ms, never before.
-
-    Event-loop timers have 1 ms resolution (epoll's timeout is in ms; uvloop also rounds to the
-    nearest ms and so fires up to 1 ms early): `asyncio.sleep` paced sends measured ~0.8 ms late
-    at the median. A thread sleeps with nanosleep instead and wakes the loop through its
-    self-pipe (`call_soon_threadsafe`)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="pacer", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            due_ns, future = self.requests.get()
-            while (left := due_ns - time.monotonic_ns()) > 0:
-                time.sleep(left / 1e9)
-            self.loop.call_soon_threadsafe(_resolve, future)
-
-    def until(self, due_ns: int) -> asyncio.Future:
-        future = self.loop.create_future()
-        self.requests.put((due_ns, future))
-        return future
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rate: float,
@@ -180,7 +148,7 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
                 if due >= stop_ns:
                     break
                 if time.monotonic_ns() < due:
-                    await pacer.until(due)
+                    await pacer.until(due / 1e9)
                 await room.acquire()
                 partition = sent % partitions
                 send_at = time.monotonic_ns()

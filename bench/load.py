@@ -17,7 +17,9 @@ Clients:
 
 Latency starts when the batch or record was due: rate-limited (open loop), at its slot on the
 schedule (start + i x interval), so a stall of the sender is counted, not hidden (coordinated
-omission); at full speed, at the send call. records/s counts acknowledged records over the
+omission); at full speed, at the send call. Nothing is sent before it is due: our client is
+paced by `Pacer` (a nanosleep thread; event-loop timers fire up to 1 ms early), librdkafka by
+polling until the slot. records/s counts acknowledged records over the
 timed window (first send to last acknowledgement). With acks=0 nothing is acknowledged by the
 broker: a record counts when the client has written it to the socket.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -72,12 +75,42 @@ class Schedule:
     def due(self, sent: int, now: float) -> float:
         return self.start + sent * self.interval if self.interval else now
 
-    def sent(self, due: float) -> float:
-        """Where an item's latency starts, called right before it is sent: at full speed the
-        send; paced, its due time, or the send when that is earlier (a timer that fires early
-        must not shorten latency; event-loop timers have 1 ms resolution)."""
-        now = time.monotonic()
-        return min(due, now) if self.interval else now
+    def latency_start(self, due: float) -> float:
+        """Where an item's latency starts, called right before it is sent (never before it
+        is due): paced, its due time, so waiting for room in the window counts; at full
+        speed, the send."""
+        return due if self.interval else time.monotonic()
+
+
+class Pacer:
+    """`await pacer.until(t)`: resumes at t (time.monotonic()) within ~0.1 ms, never before.
+
+    Event-loop timers have 1 ms resolution (epoll's timeout is in ms; uvloop also rounds to the
+    nearest ms and so fires up to 1 ms early): `asyncio.sleep` paced sends went out early or
+    ~0.8 ms late. A thread sleeps with nanosleep instead and wakes the loop through its
+    self-pipe (`call_soon_threadsafe`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="pacer", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            due, future = self.requests.get()
+            while (left := due - time.monotonic()) > 0:
+                time.sleep(left)
+            self.loop.call_soon_threadsafe(_resolve, future)
+
+    def until(self, due: float) -> asyncio.Future:
+        future = self.loop.create_future()
+        self.requests.put((due, future))
+        return future
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 # -- inside a load process ----------------------------------------------------------------------
@@ -117,15 +150,16 @@ async def _run_own(job: Job) -> dict:
             await (await producer.send_batch(job.topic, partition, batch))
         await asyncio.sleep(max(0.0, job.start_at - time.monotonic()))
         cpu0 = _cpu()
+        pacer = Pacer(asyncio.get_running_loop())
         schedule = Schedule(job.seconds, batch_records / job.rate if job.rate > 0 else 0.0)
         start = schedule.start
         sent = 0
         while (now := time.monotonic()) < schedule.stop:
             due = schedule.due(sent, now)
             if due > now:
-                await asyncio.sleep(due - now)
+                await pacer.until(due)
             await room.acquire()
-            due = schedule.sent(due)
+            due = schedule.latency_start(due)
             partition = job.partitions[sent % len(job.partitions)]
             future = await producer.send_batch(job.topic, partition, batch)
             future.add_done_callback(lambda f, d=due: done(f, d))
@@ -169,9 +203,9 @@ def _run_confluent(job: Job) -> dict:
     sent = 0
     while (now := time.monotonic()) < schedule.stop:
         due = schedule.due(sent, now)
-        if due > now:
-            poll(due - now)  # serve callbacks while pacing
-        due = schedule.sent(due)
+        while (now := time.monotonic()) < due:
+            poll(due - now)  # serve callbacks while pacing (poll returns early when it served one)
+        due = schedule.latency_start(due)
         while True:
             try:
                 produce(
