@@ -111,6 +111,13 @@ def encode_name(name: str) -> str:
     return encoded
 
 
+LOCK_FILE = "lock"  # flock'ed: shared by readers, exclusive by writers (and by lock_held)
+
+
+def _open_lock(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
 @contextlib.contextmanager
 def lock_held(root: str, timeout_s: float = 10.0):
     """Hold the store's lock exclusively: meanwhile no process is inside a store operation.
@@ -118,7 +125,7 @@ def lock_held(root: str, timeout_s: float = 10.0):
     For stopping a process at a safe moment (cluster.pause): a process stopped while holding
     the lock would stop every other client of the store until it runs again. Raises
     TimeoutError when the lock stays taken for `timeout_s` (a stopped process holds it)."""
-    fd = os.open(os.path.join(os.path.abspath(root), "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(os.path.join(os.path.abspath(root), LOCK_FILE))
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -128,7 +135,7 @@ def lock_held(root: str, timeout_s: float = 10.0):
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(
-                        f"the store lock {root}/lock stayed taken for {timeout_s:g} s"
+                        f"the store lock {root}/{LOCK_FILE} stayed taken for {timeout_s:g} s"
                     ) from None
                 time.sleep(0.001)
         try:
@@ -151,7 +158,7 @@ class FileStore:
         self._depth = 0
         for sub in ("tree", "tmp", "sessions", "ephemerals"):
             os.makedirs(self.path(sub), exist_ok=True)
-        self._lock_fd = os.open(self.path("lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = _open_lock(self.path(LOCK_FILE))
         self._zxid_fd = os.open(self.path("zxid"), os.O_RDWR | os.O_CREAT, 0o644)
         self._journal_fd = os.open(self.path("journal"), os.O_RDWR | os.O_CREAT, 0o644)
         with self.exclusive():
