@@ -9,6 +9,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from localcluster.broker.listeners import (
+    DEFAULT_PROTOCOL_MAP,
+    ListenerConfigError,
+    ListenerSettings,
+    listener_settings,
+)
+
 
 class ConfigError(ValueError):
     pass
@@ -22,8 +29,29 @@ def _prop(name: str, default, doc: str = ""):
 class BrokerConfig:
     broker_id: int = _prop("broker.id", 0)
     broker_rack: str | None = _prop("broker.rack", None)
-    listener_host: str = _prop("listener.host", "127.0.0.1", "TCP listener address")
-    port: int = _prop("port", 0, "TCP port for Kafka clients; 0 picks a free one")
+    # Kafka's listener settings (broker/listeners.py checks them together). A port of 0 picks a
+    # free one at start; `localcluster up` passes fixed ports so a restart keeps its address.
+    listeners: str = _prop("listeners", "PLAINTEXT://127.0.0.1:0")
+    advertised_listeners: str | None = _prop("advertised.listeners", None, "default: listeners")
+    listener_security_protocol_map: str = _prop("listener.security.protocol.map",
+                                                DEFAULT_PROTOCOL_MAP)  # fmt: skip
+    # Kafka's default is the PLAINTEXT listener; ours is none: brokers on one host talk over
+    # their Unix sockets, and across hosts only an authenticated (SASL) listener is accepted.
+    inter_broker_listener_name: str | None = _prop("inter.broker.listener.name", None)
+    # Ours: false sends inter-broker traffic over the inter-broker listener even when the other
+    # broker's Unix socket is reachable (to measure TCP replication on one host).
+    inter_broker_unix_socket_enable: bool = _prop("inter.broker.unix.socket.enable", True)
+    # Kafka's defaults are GSSAPI; Kerberos does not exist here.
+    sasl_enabled_mechanisms: str = _prop("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-256")
+    sasl_mechanism_inter_broker_protocol: str = _prop("sasl.mechanism.inter.broker.protocol",
+                                                      "PLAIN")  # fmt: skip
+    # Kafka reads this as a JVM system property (-Djava.security.auth.login.config); here it is
+    # a broker property naming the JAAS file whose KafkaServer section holds the broker's own
+    # credential (username/password) and PLAIN's users (user_<name>="password").
+    java_security_auth_login_config: str | None = _prop("java.security.auth.login.config", None)
+    super_users: str = _prop("super.users", "", "User:<name> entries separated by ';'")
+    zookeeper_connect: str | None = _prop("zookeeper.connect", None,
+                                          "host:port[,host:port][/chroot] of a real ZooKeeper")  # fmt: skip
     log_dirs: str | None = _prop("log.dirs", None, "default: /dev/shm/localcluster-<id>/broker-N")
     num_partitions: int = _prop("num.partitions", 1)
     default_replication_factor: int = _prop("default.replication.factor", 1)
@@ -83,6 +111,8 @@ class BrokerConfig:
         for name in ("num_partitions", "default_replication_factor", "min_insync_replicas"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_property(name)} must be at least 1")
+        settings = self.listener_settings  # raises ConfigError naming the property
+        self._check_sasl(settings)
         if self.replica_fetch_wait_max_ms > self.replica_lag_time_max_ms:
             # Kafka's rule: on an idle partition a caught-up follower fetches once per wait, so
             # a wait longer than the lag time drops it from the ISR between two fetches.
@@ -91,6 +121,42 @@ class BrokerConfig:
                 f"replica.lag.time.max.ms={self.replica_lag_time_max_ms}, or idle followers "
                 "fall out of the ISR between fetches"
             )
+
+    @property
+    def listener_settings(self) -> ListenerSettings:
+        try:
+            return listener_settings(self.listeners, self.advertised_listeners,
+                                     self.listener_security_protocol_map,
+                                     self.inter_broker_listener_name)  # fmt: skip
+        except ListenerConfigError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
+    def enabled_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m.strip().upper() for m in self.sasl_enabled_mechanisms.split(",")
+                     if m.strip())  # fmt: skip
+
+    @property
+    def super_user_names(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.super_users.split(";") if u.strip())
+
+    def _check_sasl(self, settings: ListenerSettings) -> None:
+        from localcluster.protocol.sasl import SUPPORTED_MECHANISMS
+
+        for mechanism in self.enabled_mechanisms:
+            if mechanism not in SUPPORTED_MECHANISMS:
+                raise ConfigError(f"sasl.enabled.mechanisms: {mechanism} is not supported here; "
+                                  f"use {', '.join(SUPPORTED_MECHANISMS)}")  # fmt: skip
+        uses_sasl = any(e.security_protocol == "SASL_PLAINTEXT" for e in settings.listeners)
+        if uses_sasl and not self.java_security_auth_login_config:
+            raise ConfigError(
+                "a SASL_PLAINTEXT listener needs credentials: set "
+                "java.security.auth.login.config to a JAAS file with a KafkaServer section"
+            )
+        inter = self.sasl_mechanism_inter_broker_protocol.strip().upper()
+        if settings.inter_broker is not None and inter not in self.enabled_mechanisms:
+            raise ConfigError(f"sasl.mechanism.inter.broker.protocol={inter} is not in "
+                              f"sasl.enabled.mechanisms ({self.sasl_enabled_mechanisms})")  # fmt: skip
 
     def properties(self) -> dict[str, object]:
         return {f.metadata["property"]: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -115,6 +181,33 @@ def _parse(name: str, annotation: str, raw: str):
     if annotation == "str | None":
         return text or None
     return text
+
+
+def read_properties_file(path) -> dict[str, str]:
+    """A Java .properties file (server.properties): `key=value` or `key: value` lines, `#` and
+    `!` comments, a trailing backslash continues a line. A line without a separator is a
+    ConfigError naming the file and line."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}") from None
+    out: dict[str, str] = {}
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip() if not pending else raw.lstrip()
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        if not pending:
+            start = number
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending += line[:-1]
+            continue
+        line, pending = pending + line, ""
+        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if cut <= 0:
+            raise ConfigError(f"{path} line {start}: expected key=value, got {raw.strip()!r}")
+        out[line[:cut].strip()] = line[cut + 1 :].strip()
+    return out
 
 
 def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:

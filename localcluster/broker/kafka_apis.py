@@ -5,6 +5,11 @@ API's handler. Handlers translate between the wire and ReplicaManager / ClusterM
 hold no state of their own. A request for an API or version we do not advertise closes the
 connection (as Kafka does), except ApiVersions, which is answered in its v0 body with
 UNSUPPORTED_VERSION and our key list so the client can retry with a version we know.
+
+Before a handler runs, the connection's context decides: on a SASL listener nothing but
+ApiVersions and the SASL exchange is served until the client authenticated
+(sasl_authenticator.py), and broker-only requests need the cluster-action right
+(authorizer.py); a refused one is answered with Kafka's authorization error and changes nothing.
 """
 
 from __future__ import annotations
@@ -14,8 +19,16 @@ import time
 
 from kio.schema.errors import ErrorCode
 
+from localcluster.broker.authorizer import (
+    BROKER_ONLY_APIS,
+    CLUSTER_AUTHORIZATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
+    Authorizer,
+)
 from localcluster.broker.metadata import ClusterMetadata, TopicCreationError
+from localcluster.broker.network import ConnectionContext
 from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.broker.sasl_authenticator import SaslAuthenticator
 from localcluster.broker.shutdown import ask_local_controller
 from localcluster.protocol import controller_requests, fetch, messages, produce
 from localcluster.protocol.api import (
@@ -31,9 +44,12 @@ log = logging.getLogger(__name__)
 
 
 class KafkaApis:
-    def __init__(self, replica_manager: ReplicaManager, metadata: ClusterMetadata):
+    def __init__(self, replica_manager: ReplicaManager, metadata: ClusterMetadata,
+                 authorizer: Authorizer, sasl: SaslAuthenticator | None = None):  # fmt: skip
         self.replica_manager = replica_manager
         self.metadata = metadata
+        self.authorizer = authorizer
+        self.sasl = sasl
         self._handlers = {
             ApiKey.API_VERSIONS: self.handle_api_versions,
             ApiKey.METADATA: self.handle_metadata,
@@ -46,12 +62,33 @@ class KafkaApis:
             ApiKey.STOP_REPLICA: self.handle_stop_replica,
             ApiKey.UPDATE_METADATA: self.handle_update_metadata,
             ApiKey.CONTROLLED_SHUTDOWN: self.handle_controlled_shutdown,
+            ApiKey.SASL_HANDSHAKE: self.handle_sasl_handshake,
+            ApiKey.SASL_AUTHENTICATE: self.handle_sasl_authenticate,
         }
+        self._refusals = {
+            ApiKey.LEADER_AND_ISR: self._refuse_partition_request,
+            ApiKey.STOP_REPLICA: self._refuse_partition_request,
+            ApiKey.UPDATE_METADATA: lambda h, r: controller_requests.write_error_code(
+                CLUSTER_AUTHORIZATION_FAILED),
+            ApiKey.CONTROLLED_SHUTDOWN: lambda h, r: (
+                controller_requests.write_controlled_shutdown_response(
+                    CLUSTER_AUTHORIZATION_FAILED, [])),
+        }  # fmt: skip
         self.controller = None  # KafkaController, set by the server
 
-    async def handle(self, frame: memoryview, peer: str) -> list | None:
+    async def handle(self, frame: memoryview, context: ConnectionContext) -> list | None:
+        if (
+            context.needs_authentication
+            and self.sasl is not None
+            and self.sasl.is_raw_token(context)
+        ):
+            return await self.sasl.handle_raw_token(context, frame)
         reader = Reader(frame)
         header = read_request_header(reader)
+        if context.needs_authentication:
+            if self.sasl is None:
+                raise MalformedRequestError("SASL listener without SASL configured")
+            self.sasl.check_before_authentication(context, header)
         handler = self._handlers.get(header.api_key)
         if handler is None:
             raise MalformedRequestError(f"API key {header.api_key} is not supported")
@@ -63,15 +100,52 @@ class KafkaApis:
                 f"{ApiKey(header.api_key).name} v{header.api_version} is not supported "
                 f"(we speak {SUPPORTED[header.api_key].min}-{SUPPORTED[header.api_key].max})"
             )
-        body = await handler(header, reader)
+        if header.api_key in BROKER_ONLY_APIS and not self.authorizer.may_cluster_action(context):
+            self.authorizer.refused(context, header.api_key)
+            body = self._refusals[header.api_key](header, reader)
+        else:
+            body = await handler(header, reader, context)
         if body is None:
             return None
         head = response_header(header.api_key, header.api_version, header.correlation_id)
         return [head, *body] if isinstance(body, list) else [head, body]
 
+    def _refuse_partition_request(self, header: RequestHeader, reader: Reader) -> bytes:
+        """LeaderAndIsr or StopReplica from a non-broker: every partition refused, as Kafka's
+        error response for these requests lists them."""
+        if header.api_key == ApiKey.LEADER_AND_ISR:
+            partitions = [(p.topic, p.partition)
+                          for p in controller_requests.read_leader_and_isr(reader).partitions]  # fmt: skip
+        else:
+            partitions = list(controller_requests.read_stop_replica(reader).partitions)
+        return controller_requests.write_partition_errors(controller_requests.PartitionErrors(
+            CLUSTER_AUTHORIZATION_FAILED,
+            tuple((t, p, CLUSTER_AUTHORIZATION_FAILED) for t, p in partitions)))  # fmt: skip
+
+    # -- SASL ---------------------------------------------------------------------------------
+
+    async def handle_sasl_handshake(self, header: RequestHeader, reader: Reader,
+                                    context: ConnectionContext) -> bytes:  # fmt: skip
+        if self.sasl is None or not context.needs_authentication:
+            context.close_after_response = "SaslHandshake on a listener without SASL"
+            return messages.encode_response(header.api_key, header.api_version, {
+                "error_code": ErrorCode.illegal_sasl_state, "mechanisms": []})  # fmt: skip
+        return await self.sasl.handle_handshake(context, header, reader)
+
+    async def handle_sasl_authenticate(self, header: RequestHeader, reader: Reader,
+                                       context: ConnectionContext) -> bytes:  # fmt: skip
+        if self.sasl is None or not context.needs_authentication:
+            context.close_after_response = "SaslAuthenticate on a listener without SASL"
+            return messages.encode_response(header.api_key, header.api_version, {
+                "error_code": ErrorCode.illegal_sasl_state,
+                "error_message": "this listener does not use SASL"})  # fmt: skip
+        return await self.sasl.handle_authenticate(context, header, reader)
+
     # -- ApiVersions --------------------------------------------------------------------------
 
-    async def handle_api_versions(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_api_versions(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         keys = [{"api_key": int(k), "min_version": r.min, "max_version": r.max}
                 for k, r in sorted(SUPPORTED.items())]  # fmt: skip
         if header.api_version not in SUPPORTED[ApiKey.API_VERSIONS]:
@@ -82,7 +156,9 @@ class KafkaApis:
 
     # -- Metadata -----------------------------------------------------------------------------
 
-    async def handle_metadata(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_metadata(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = messages.decode_request(
             header.api_key, header.api_version, reader.buf, reader.pos
         )
@@ -91,12 +167,14 @@ class KafkaApis:
         if header.api_version == 0 and names == []:
             names = None  # v0: an empty list means all topics
         allow_auto_create = getattr(request, "allow_auto_topic_creation", True)
-        data = await self.metadata.describe(names, allow_auto_create)
+        data = await self.metadata.describe(names, allow_auto_create, context.listener)
         return messages.encode_response(header.api_key, header.api_version, data)
 
     # -- Produce ------------------------------------------------------------------------------
 
-    async def handle_produce(self, header: RequestHeader, reader: Reader) -> bytes | None:
+    async def handle_produce(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes | None:
         request = produce.read_produce_request(reader, header.api_version)
         entries = [((topic, p.partition), p.records)
                    for topic, partitions in request.topics for p in partitions]  # fmt: skip
@@ -115,8 +193,18 @@ class KafkaApis:
 
     # -- Fetch --------------------------------------------------------------------------------
 
-    async def handle_fetch(self, header: RequestHeader, reader: Reader) -> list:
+    async def handle_fetch(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> list:
         request = fetch.read_fetch_request(reader, header.api_version)
+        if request.replica_id >= 0 and not self.authorizer.may_cluster_action(context):
+            # A follower's fetch moves the leader's view of its followers (and so the HW): a
+            # client claiming a replica id gets Kafka's per-partition refusal and moves nothing.
+            self.authorizer.refused(context, header.api_key, f"replica id {request.replica_id}")
+            return fetch.write_fetch_response(
+                [(topic, [fetch.FetchPartitionResponse(p.partition, TOPIC_AUTHORIZATION_FAILED)
+                          for p in partitions]) for topic, partitions in request.topics],
+                header.api_version)  # fmt: skip
         responses = await self.replica_manager.fetch(request)
         self.replica_manager.metrics.record_fetch(
             sum(p.records_size for _, partitions in responses for p in partitions))  # fmt: skip
@@ -124,7 +212,9 @@ class KafkaApis:
 
     # -- ListOffsets --------------------------------------------------------------------------
 
-    async def handle_list_offsets(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_list_offsets(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = messages.decode_request(
             header.api_key, header.api_version, reader.buf, reader.pos
         )
@@ -148,14 +238,25 @@ class KafkaApis:
 
     # -- replication: OffsetForLeaderEpoch, LeaderAndIsr, StopReplica ------------------------
 
-    async def handle_offset_for_leader_epoch(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_offset_for_leader_epoch(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = messages.decode_request(
             header.api_key, header.api_version, reader.buf, reader.pos
         )
+        refused = getattr(request, "replica_id", -1) >= 0 and not (
+            self.authorizer.may_cluster_action(context))  # fmt: skip
+        if refused:
+            self.authorizer.refused(context, header.api_key, f"replica id {request.replica_id}")
         topics = []
         for topic in request.topics:
             partitions = []
             for p in topic.partitions:
+                if refused:
+                    partitions.append({"error_code": CLUSTER_AUTHORIZATION_FAILED,
+                                       "partition": p.partition, "leader_epoch": -1,
+                                       "end_offset": -1})  # fmt: skip
+                    continue
                 error, epoch, end = self.replica_manager.end_offset_for_epoch(
                     (topic.topic, p.partition), p.current_leader_epoch, p.leader_epoch)  # fmt: skip
                 partitions.append({"error_code": error, "partition": p.partition,
@@ -164,23 +265,31 @@ class KafkaApis:
         return messages.encode_response(header.api_key, header.api_version,
                                         {"throttle_time": 0, "topics": topics})  # fmt: skip
 
-    async def handle_leader_and_isr(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_leader_and_isr(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = controller_requests.read_leader_and_isr(reader)
         configs = await self.metadata.topic_configs({p.topic for p in request.partitions})
         response = self.replica_manager.become_leader_or_follower(request, configs)
         return controller_requests.write_partition_errors(response)
 
-    async def handle_update_metadata(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_update_metadata(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = controller_requests.read_update_metadata(reader)
         return controller_requests.write_error_code(self.metadata.cache.update(request))
 
-    async def handle_stop_replica(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_stop_replica(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = controller_requests.read_stop_replica(reader)
         return controller_requests.write_partition_errors(
             self.replica_manager.stop_replicas(request)
         )
 
-    async def handle_controlled_shutdown(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_controlled_shutdown(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         broker_id = controller_requests.read_controlled_shutdown(reader)
         if self.controller is None or not self.controller.is_active:
             return controller_requests.write_controlled_shutdown_response(
@@ -196,7 +305,9 @@ class KafkaApis:
 
     # -- CreateTopics -------------------------------------------------------------------------
 
-    async def handle_create_topics(self, header: RequestHeader, reader: Reader) -> bytes:
+    async def handle_create_topics(
+        self, header: RequestHeader, reader: Reader, context: ConnectionContext
+    ) -> bytes:
         request = messages.decode_request(
             header.api_key, header.api_version, reader.buf, reader.pos
         )

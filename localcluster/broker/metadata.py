@@ -20,6 +20,7 @@ from collections.abc import Callable
 from kio.schema.errors import ErrorCode
 
 from localcluster.broker.metadata_cache import MetadataCache
+from localcluster.broker.network import ListenerInfo
 from localcluster.controller.assignment import (
     InvalidReplicationFactorError,
     assign_replicas_to_brokers,
@@ -87,7 +88,8 @@ class ClusterMetadata:
 
     def duplicate_message(self) -> str:
         other = self._registration()
-        holder = f" by pid {other.pid} (listening on {other.host}:{other.port})" if other else ""
+        where = ", ".join(str(e) for e in other.endpoints) if other else ""
+        holder = f" by pid {other.pid} (listening on {where})" if other else ""
         return (f"broker id {self.broker_id} is already registered{holder}; stop that broker "
                 "or pick another --id")  # fmt: skip
 
@@ -114,29 +116,35 @@ class ClusterMetadata:
     def is_registered(self) -> bool:
         return self.coord.exists(paths.broker_path(self.broker_id)) is not None
 
-    def broker_socket(self, broker_id: int) -> str | None:
-        registration = self.zk.broker(broker_id)
-        return registration.unix_socket or None if registration else None
-
-    def controller_socket(self) -> tuple[int, str] | None:
-        controller = self.zk.controller_id()
-        path = self.broker_socket(controller) if controller is not None else None
-        return (controller, path) if path else None
-
     # -- Metadata -----------------------------------------------------------------------------
 
     async def topic_configs(self, topics) -> dict[str, dict[str, str]]:
         return await self._run(lambda: {t: self.zk.topic_config(t) for t in topics})
 
-    async def describe(self, names: list[str] | None, allow_auto_create: bool) -> dict:
-        return await self._run(self._describe, names, allow_auto_create)
+    async def describe(self, names: list[str] | None, allow_auto_create: bool,
+                       listener: ListenerInfo) -> dict:  # fmt: skip
+        return await self._run(self._describe, names, allow_auto_create, listener)
 
-    def _describe(self, names: list[str] | None, allow_auto_create: bool) -> dict:
+    @staticmethod
+    def _brokers_on(listener: ListenerInfo, brokers) -> tuple[list[dict], set[int]]:
+        """Each broker's endpoint of the listener the request came in on (Kafka answers per
+        listener); a broker without that listener is left out. A Unix-socket client is told
+        each broker's first advertised endpoint."""
+        out = []
+        for broker_id, b in sorted(brokers.items()):
+            endpoint = (
+                b.endpoints[0] if listener.is_unix and b.endpoints else b.endpoint(listener.name)
+            )
+            if endpoint is not None:
+                out.append({"node_id": broker_id, "host": endpoint.host, "port": endpoint.port,
+                            "rack": b.rack})  # fmt: skip
+        return out, {b["node_id"] for b in out}
+
+    def _describe(self, names: list[str] | None, allow_auto_create: bool,
+                  listener: ListenerInfo) -> dict:  # fmt: skip
         if self.cache.ready:
-            return self._describe_from_cache(names, allow_auto_create)
-        live = self.zk.live_brokers()
-        brokers = [{"node_id": b, "host": r.host, "port": r.port, "rack": r.rack}
-                   for b, r in sorted(live.items())]  # fmt: skip
+            return self._describe_from_cache(names, allow_auto_create, listener)
+        brokers, live = self._brokers_on(listener, self.zk.live_brokers())
         wanted = self.zk.topics() if names is None else names
         topics = [self._describe_topic(name, live, allow_auto_create and names is not None)
                   for name in wanted]  # fmt: skip
@@ -144,22 +152,20 @@ class ClusterMetadata:
         return {"brokers": brokers, "cluster_id": self.zk.cluster_id(),
                 "controller_id": controller if controller is not None else -1, "topics": topics}  # fmt: skip
 
-    def _describe_from_cache(self, names: list[str] | None, allow_auto_create: bool) -> dict:
+    def _describe_from_cache(self, names: list[str] | None, allow_auto_create: bool,
+                             listener: ListenerInfo) -> dict:  # fmt: skip
         cache = self.cache
-        brokers = [{"node_id": b.broker_id, "host": b.host, "port": b.port, "rack": b.rack}
-                   for _, b in sorted(cache.brokers.items())]  # fmt: skip
+        brokers, live = self._brokers_on(listener, cache.brokers)
         topics = []
         for name in cache.topics() if names is None else names:
             partitions = cache.partitions_of(name) if legal_topic(name) else {}
             if not partitions:  # unknown to the controller (yet): the store decides
                 topics.append(
-                    self._describe_topic(
-                        name, cache.brokers, allow_auto_create and names is not None
-                    )
+                    self._describe_topic(name, live, allow_auto_create and names is not None)
                 )
                 continue
             topics.append({"name": name, "error_code": 0, "partitions": [
-                self._partition_entry(p, c.leader, c.leader_epoch, c.isr, c.replicas, cache.brokers)
+                self._partition_entry(p, c.leader, c.leader_epoch, c.isr, c.replicas, live)
                 for p, c in sorted(partitions.items())]})  # fmt: skip
         return {"brokers": brokers, "cluster_id": self.zk.cluster_id(),
                 "controller_id": cache.controller_id, "topics": topics}  # fmt: skip

@@ -1,5 +1,11 @@
 """Sockets: listeners, framing, and sending responses (bytes and sendfile'd segment slices).
 
+Every connection carries a `ConnectionContext`: the listener it arrived on (name and security
+protocol), the peer, and its principal (Kafka's KafkaPrincipal as text): `User:ANONYMOUS` on a
+PLAINTEXT listener, `User:<name>` once SASL authentication succeeds, and on the Unix socket the
+local user the kernel vouches for (SO_PEERCRED). The handler may mark a context to be closed
+after its response (a failed SASL authentication is answered, then the connection is dropped).
+
 Each connection is one task that reads a frame, awaits its handler and writes the response
 before reading the next frame, so responses leave in request order, as Kafka guarantees (a
 client may pipeline; we process one request per connection at a time, like Kafka's muted
@@ -15,6 +21,7 @@ import os
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from localcluster.protocol.wire import MalformedRequestError
 from localcluster.tasks import cancel_and_wait
@@ -24,7 +31,37 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 MIN_FRAME_BYTES = 8  # api_key, api_version, correlation_id: a request header's fixed part
 
-Handler = Callable[[memoryview, str], Awaitable[list | None]]
+ANONYMOUS = "User:ANONYMOUS"
+UNIX_LISTENER = "UNIX"
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerInfo:
+    """What a connection inherits from the listener that accepted it."""
+
+    name: str  # Kafka's listener name, e.g. PLAINTEXT, BROKER; UNIX for the Unix socket
+    security_protocol: str  # PLAINTEXT or SASL_PLAINTEXT (the Unix socket: PLAINTEXT)
+    is_unix: bool = False
+
+
+@dataclass(slots=True)
+class ConnectionContext:
+    listener: ListenerInfo
+    peer: str
+    principal: str = ANONYMOUS
+    authenticated: bool = False  # SASL done (or not needed: PLAINTEXT, the Unix socket)
+    close_after_response: bool = False
+    sasl: object | None = field(default=None, repr=False)  # the SASL exchange in progress
+
+    @property
+    def needs_authentication(self) -> bool:
+        return self.listener.security_protocol == "SASL_PLAINTEXT" and not self.authenticated
+
+    def describe(self) -> str:
+        return f"{self.principal} at {self.peer} (listener {self.listener.name})"
+
+
+Handler = Callable[[memoryview, ConnectionContext], Awaitable[list | None]]
 
 
 class FrameError(Exception):
@@ -143,18 +180,22 @@ async def _handle_while_peer_stays(loop, sock: socket.socket, handling):
 
 
 async def serve_connection(
-    sock: socket.socket, peer: str, handler: Handler, max_bytes: int
+    sock: socket.socket, context: ConnectionContext, handler: Handler, max_bytes: int
 ) -> None:
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
+    peer = context.peer
     try:
         while True:
             frame = await read_frame(loop, sock, max_bytes)
             if frame is None:
                 return
-            parts = await _handle_while_peer_stays(loop, sock, handler(frame, peer))
+            parts = await _handle_while_peer_stays(loop, sock, handler(frame, context))
             if parts is not None:
                 await send_parts(loop, sock, parts)
+            if context.close_after_response:
+                log.info("closing connection from %s: %s", peer, context.close_after_response)
+                return
     except (FrameError, MalformedRequestError) as e:
         log.warning("closing connection from %s: %s", peer, e)
     except (ConnectionError, OSError) as e:
@@ -170,11 +211,12 @@ async def serve_connection(
 class Listener:
     """Accepts on one listening socket and spawns a task per connection."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, max_bytes: int, name: str):
+    def __init__(self, sock: socket.socket, handler: Handler, max_bytes: int, info: ListenerInfo):
         self.sock = sock
         self.handler = handler
         self.max_bytes = max_bytes
-        self.name = name
+        self.info = info
+        self.name = info.name
         self._connections: set[asyncio.Task] = set()
         self._accept_task: asyncio.Task | None = None
 
@@ -193,8 +235,12 @@ class Listener:
                 continue
             if conn.family in (socket.AF_INET, socket.AF_INET6):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = f"{self.name}:{address or 'local'}"
-            task = loop.create_task(serve_connection(conn, peer, self.handler, self.max_bytes))
+                context = ConnectionContext(self.info, f"{address[0]}:{address[1]}",
+                                            authenticated=self.info.security_protocol == "PLAINTEXT")  # fmt: skip
+            else:
+                context = ConnectionContext(self.info, "unix socket", principal=_local_principal(conn),
+                                            authenticated=True)  # fmt: skip
+            task = loop.create_task(serve_connection(conn, context, self.handler, self.max_bytes))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
 
@@ -203,20 +249,45 @@ class Listener:
         self.sock.close()
 
 
-def tcp_listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _local_principal(conn: socket.socket) -> str:
+    """The peer's user id as the kernel reports it: whoever could open the socket file."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return f"User:local-uid-{uid}"
+    except OSError:
+        return "User:local"
+
+
+class ListenError(RuntimeError):
+    """A listener could not be bound; the message names the address and what to do."""
+
+
+def tcp_listen(host: str, port: int, listener_name: str = "PLAINTEXT") -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host or "0.0.0.0", port))
+    except OSError as e:
+        sock.close()
+        hint = ("another process holds that port (a broker of another cluster, or one still "
+                "running?)" if e.errno == 98 else "check the address in listeners")  # fmt: skip
+        raise ListenError(f"cannot listen on {listener_name}://{host}:{port}: {e.strerror}; "
+                          f"{hint}") from None  # fmt: skip
     sock.listen(512)
     return sock
 
 
 def unix_listen(path: str) -> socket.socket:
+    """The Unix socket is the one-host inter-broker listener: its file mode (owner only) is
+    the credential that lets a peer send broker requests."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
+    os.chmod(path, 0o600)  # before listen(): until then nobody can connect
     sock.listen(512)
     return sock

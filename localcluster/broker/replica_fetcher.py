@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from localcluster.client.connection import Address, BrokerConnection, KafkaConnectionError
+from localcluster.client.connection import BrokerConnection, KafkaError
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.fetch import (
@@ -96,7 +95,7 @@ class ReplicaFetcher:
                 backoff = BACKOFF_S
             except asyncio.CancelledError:
                 raise
-            except (KafkaConnectionError, ConnectionError, OSError, TimeoutError) as e:
+            except (KafkaError, ConnectionError, OSError, TimeoutError) as e:  # incl. SASL refusals
                 self._drop_connection()
                 if self._interrupted:  # we hung up on purpose: start over at once
                     self._interrupted = False
@@ -121,12 +120,9 @@ class ReplicaFetcher:
     async def _ensure_connection(self) -> None:
         if self.connection is not None and not self.connection.closed:
             return
-        path = await self.manager.resolve_socket(self.leader_id)
-        if path is None:
-            raise ConnectionError(f"broker {self.leader_id} is not registered")
-        self.connection = await BrokerConnection.open(
-            Address(unix_socket=path), client_id=f"replica-fetcher-{self.manager.broker_id}",
-            max_in_flight=1)  # fmt: skip
+        self.connection = await self.manager.connector.open(
+            self.leader_id, f"replica-fetcher-{self.manager.broker_id}", 1
+        )
 
     def _drop_connection(self) -> None:
         if self.connection is not None:
@@ -288,11 +284,11 @@ class ReplicaFetcherManager:
     """Which leader each followed partition fetches from; starts and stops fetcher tasks."""
 
     def __init__(self, replica_manager, broker_id: int, fetch_wait_max_ms: int,
-                 resolve_socket: Callable):  # fmt: skip
+                 connector):  # fmt: skip
         self.replica_manager = replica_manager
         self.broker_id = broker_id
         self.fetch_wait_max_ms = fetch_wait_max_ms
-        self.resolve_socket = resolve_socket  # async: leader id -> unix socket path or None
+        self.connector = connector  # broker/inter_broker.py: the socket or TCP+SASL to a leader
         self.fetchers: dict[int, ReplicaFetcher] = {}
 
     def add_partition(self, tp, leader_id: int, leader_epoch: int, truncate: bool) -> None:

@@ -6,9 +6,16 @@ partitions the store says this broker leads, then serve. SIGTERM or SIGINT is a 
 listeners closed, registration removed, high watermarks and recovery points checkpointed, logs
 flushed and trimmed. A SIGKILL at any moment is recovered from on the next start.
 
-Files: <cluster-dir>/broker-<id>/ holds checkpoints, `broker.pid`; the Unix socket is
-<cluster-dir>/broker-<id>.sock (or under /tmp when that path is too long for AF_UNIX); partition
-logs live under log.dirs, by default /dev/shm/localcluster-<hash of cluster dir>/broker-<id>.
+Two ways to run. In a cluster dir (`localcluster up`, `--cluster-dir`): <cluster-dir>/broker-<id>/
+holds checkpoints and `broker.pid`, the Unix socket is <cluster-dir>/broker-<id>.sock (or under
+/tmp when that path is too long for AF_UNIX), the store is <cluster-dir>/store unless
+`zookeeper.connect` names a ZooKeeper, and logs live under log.dirs, by default
+/dev/shm/localcluster-<hash of cluster dir>/broker-<id>. From a server.properties alone
+(`--config`, as a Kafka broker runs): nothing is shared with other brokers but ZooKeeper
+(`zookeeper.connect`, required); checkpoints, the pid file and the socket live in log.dirs.
+
+Listeners: one TCP socket per entry of `listeners` (broker/listeners.py) plus the Unix socket;
+the registration advertises `advertised.listeners` with the ports actually bound.
 """
 
 from __future__ import annotations
@@ -19,22 +26,38 @@ import hashlib
 import logging
 import os
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
 
 from localcluster import coord
-from localcluster.broker.config import BrokerConfig
+from localcluster.broker.authorizer import Authorizer
+from localcluster.broker.config import BrokerConfig, ConfigError
+from localcluster.broker.inter_broker import InterBrokerConnector, host_id
 from localcluster.broker.kafka_apis import KafkaApis
 from localcluster.broker.metadata import ClusterMetadata
 from localcluster.broker.metadata_cache import MetadataCache
-from localcluster.broker.network import Listener, tcp_listen, unix_listen
+from localcluster.broker.network import (
+    UNIX_LISTENER,
+    Listener,
+    ListenerInfo,
+    tcp_listen,
+    unix_listen,
+)
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.broker.sasl_authenticator import (
+    CredentialsError,
+    SaslAuthenticator,
+    load_server_credentials,
+    store_scram_lookup,
+)
 from localcluster.broker.shutdown import controlled_shutdown
+from localcluster.client.connection import ClientSecurity
 from localcluster.controller.controller import KafkaController
 from localcluster.coord import SessionExpiredError, paths
-from localcluster.coord.znode_data import BrokerRegistration
+from localcluster.coord.znode_data import BrokerRegistration, EndPoint
 from localcluster.metrics import MetricsBoard
 from localcluster.tasks import cancel_and_wait
 
@@ -81,15 +104,45 @@ def default_coordination(cluster_dir: Path) -> str:
     return str(cluster_dir / "store")
 
 
+def coordination_of(config: BrokerConfig, cluster_dir: Path | None, given: str | None) -> str:
+    if given:
+        return given
+    if config.zookeeper_connect:
+        return "zookeeper://" + config.zookeeper_connect.strip()
+    if cluster_dir is None:
+        raise ConfigError("a broker run from --config needs zookeeper.connect=host:port "
+                          "(the ZooKeeper every broker of the cluster uses)")  # fmt: skip
+    return default_coordination(cluster_dir)
+
+
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, cluster_dir: Path, coordination: str | None = None):
+    def __init__(self, config: BrokerConfig, cluster_dir: Path | None,
+                 coordination: str | None = None):  # fmt: skip
         self.config = config
-        self.cluster_dir = cluster_dir
-        self.broker_dir = cluster_dir / f"broker-{config.broker_id}"
-        self.data_dir = Path(config.log_dirs) if config.log_dirs else default_data_dir(
-            cluster_dir, config.broker_id)  # fmt: skip
-        self.socket_path = socket_path(cluster_dir, config.broker_id)
-        self.coordination = coordination or default_coordination(cluster_dir)
+        self.coordination = coordination_of(config, cluster_dir, coordination)
+        if cluster_dir is not None:
+            self.cluster_dir = cluster_dir
+            self.broker_dir = cluster_dir / f"broker-{config.broker_id}"
+            self.data_dir = Path(config.log_dirs) if config.log_dirs else default_data_dir(
+                cluster_dir, config.broker_id)  # fmt: skip
+            self.socket_path = socket_path(cluster_dir, config.broker_id)
+        else:  # a Kafka-style broker: everything of its own lives in log.dirs
+            if not config.log_dirs:
+                raise ConfigError("a broker run from --config needs log.dirs")
+            self.data_dir = Path(config.log_dirs)
+            self.cluster_dir = self.broker_dir = self.data_dir
+            self.socket_path = socket_path(self.data_dir, config.broker_id)
+        self.listener_settings = config.listener_settings
+        try:
+            self.credentials = load_server_credentials(config.java_security_auth_login_config)
+            inter_broker = self.listener_settings.inter_broker
+            mechanism = config.sasl_mechanism_inter_broker_protocol.strip().upper()
+            login = self.credentials.login(mechanism) if inter_broker else ("", "")
+        except CredentialsError as e:
+            raise ConfigError(str(e)) from None
+        self.inter_broker_security = ClientSecurity(
+            "SASL_PLAINTEXT" if inter_broker else "PLAINTEXT", mechanism, *login
+        )
         self.replica_manager = ReplicaManager(config, self.data_dir, self.broker_dir)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -125,32 +178,61 @@ class BrokerServer:
                 raise RuntimeError(self.metadata.duplicate_message())
             await asyncio.sleep(0.05)
 
+    def _bind(self) -> tuple[list[tuple], dict[str, int]]:
+        """Bind every TCP listener and the Unix socket (all or none: a failure closes the
+        ones already bound)."""
+        bound: list[tuple] = []
+        try:
+            for endpoint in self.listener_settings.listeners:
+                sock = tcp_listen(endpoint.host, endpoint.port, endpoint.listener_name)
+                bound.append((sock, ListenerInfo(endpoint.listener_name,
+                                                 endpoint.security_protocol)))  # fmt: skip
+            bound.append((unix_listen(str(self.socket_path)),
+                          ListenerInfo(UNIX_LISTENER, "PLAINTEXT", is_unix=True)))  # fmt: skip
+        except BaseException:
+            for sock, _ in bound:
+                sock.close()
+            raise
+        ports = {info.name: sock.getsockname()[1] for sock, info in bound if not info.is_unix}
+        return bound, ports
+
+    def _advertised(self, ports: dict[str, int]) -> tuple[EndPoint, ...]:
+        advertised = self.listener_settings.advertised(ports)
+        return tuple(EndPoint(e.listener_name, e.host or socket.getfqdn(), e.port,
+                              e.security_protocol) for e in advertised)  # fmt: skip
+
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         c = self.config
-        tcp = tcp_listen(c.listener_host, c.port)
-        unix = unix_listen(str(self.socket_path))
-        apis = KafkaApis(self.replica_manager, self.metadata)
+        bound, ports = self._bind()
+        connector = InterBrokerConnector(
+            c.broker_id, host_id(), self.listener_settings.inter_broker,
+            c.inter_broker_unix_socket_enable, self.inter_broker_security, self.metadata.zk.broker)  # fmt: skip
+        self.connector = connector
+        sasl = SaslAuthenticator(c.enabled_mechanisms, self.credentials,
+                                 store_scram_lookup(self.metadata.zk))  # fmt: skip
+        apis = KafkaApis(self.replica_manager, self.metadata, Authorizer(c.super_user_names), sasl)
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(
             self.metadata.update_isr, update
         )
         self.replica_manager.fetchers = ReplicaFetcherManager(
-            self.replica_manager, c.broker_id, c.replica_fetch_wait_max_ms,
-            lambda broker: asyncio.to_thread(self.metadata.broker_socket, broker))  # fmt: skip
-        for sock, name in ((tcp, "tcp"), (unix, "unix")):
-            listener = Listener(sock, apis.handle, c.socket_request_max_bytes, name)
+            self.replica_manager, c.broker_id, c.replica_fetch_wait_max_ms, connector
+        )
+        for sock, info in bound:
+            listener = Listener(sock, apis.handle, c.socket_request_max_bytes, info)
             listener.start()
             self._listeners.append(listener)
-        port = tcp.getsockname()[1]
-        registration = BrokerRegistration(c.broker_id, c.listener_host, port,
-                                          str(self.socket_path), c.broker_rack, os.getpid(),
-                                          int(time.time() * 1000))  # fmt: skip
+        endpoints = self._advertised(ports)
+        registration = BrokerRegistration(c.broker_id, endpoints, str(self.socket_path),
+                                          c.broker_rack, os.getpid(), int(time.time() * 1000),
+                                          host_id())  # fmt: skip
         await asyncio.to_thread(self.metadata.register, registration)
         self._registration = registration
         (self.broker_dir / "broker.pid").write_text(f"{os.getpid()}\n")
         if c.controller_eligible:
             self.controller = KafkaController(c.broker_id, self.metadata.zk, c)
+            self.controller.connector = connector
             apis.controller = self.controller
             self.controller.start()
         self._tasks = [
@@ -168,9 +250,11 @@ class BrokerServer:
         # them, and run it less often (its full passes show up as produce latency spikes).
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD_0, 50, 100)
-        log.info("broker %d ready: tcp %s:%d, unix %s, logs in %s", c.broker_id, c.listener_host,
-                 port, self.socket_path, self.data_dir)  # fmt: skip
-        print(f"broker {c.broker_id} ready on {c.listener_host}:{port} (pid {os.getpid()})",
+        first = endpoints[0]
+        log.info("broker %d ready: listeners %s, unix %s, logs in %s, store %s", c.broker_id,
+                 ", ".join(map(str, endpoints)), self.socket_path, self.data_dir,
+                 self.coordination)  # fmt: skip
+        print(f"broker {c.broker_id} ready on {first.host}:{first.port} (pid {os.getpid()})",
               flush=True)  # fmt: skip
         await self._stop.wait()
         log.info("broker %d shutting down", c.broker_id)
@@ -183,7 +267,7 @@ class BrokerServer:
         while time.monotonic() < deadline:
             try:
                 remaining = await controlled_shutdown(
-                    self.metadata, self.controller, self.config.broker_id
+                    self.metadata, self.controller, self.config.broker_id, self.connector
                 )
             except Exception as e:
                 log.info("controlled shutdown: %s; retrying", e)

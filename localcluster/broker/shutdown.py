@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from localcluster.client.connection import Address, BrokerConnection
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
@@ -25,18 +24,17 @@ async def ask_local_controller(controller, broker_id: int):
     return await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
 
 
-async def controlled_shutdown(metadata, controller, broker_id: int) -> list[tuple[str, int]] | None:
+async def controlled_shutdown(metadata, controller, broker_id: int,
+                              connector) -> list[tuple[str, int]] | None:  # fmt: skip
     if controller is not None and controller.is_active:
         result = await ask_local_controller(controller, broker_id)
         if result is None or result[0] != 0:
             return None
         return list(result[1])
-    found = await asyncio.to_thread(metadata.controller_socket)
-    if found is None:
+    controller_id = await asyncio.to_thread(metadata.zk.controller_id)
+    if controller_id is None:
         return None
-    controller_id, path = found
-    connection = await BrokerConnection.open(Address(unix_socket=path),
-                                             client_id=f"broker-{broker_id}-shutdown", max_in_flight=1)  # fmt: skip
+    connection = await connector.open(controller_id, f"broker-{broker_id}-shutdown", 1)
     try:
         frame, offset = await connection.send(ApiKey.CONTROLLED_SHUTDOWN,
                                               lambda v: cr.write_controlled_shutdown(broker_id),

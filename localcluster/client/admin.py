@@ -18,6 +18,8 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.client.connection import (
     DEFAULT_CLIENT_ID,
+    SECURITY_DEFAULTS,
+    ClientSecurity,
     KafkaConnectionError,
     KafkaError,
     LoopThread,
@@ -33,6 +35,7 @@ DEFAULTS = {
     "request.timeout.ms": 30_000,
     "reconnect.backoff.ms": 50,
     "metadata.max.age.ms": 300_000,
+    **SECURITY_DEFAULTS,
 }
 
 
@@ -57,6 +60,7 @@ class AsyncAdmin:
         self.config = resolve_config(DEFAULTS, config, settings)
         c = self.config
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
+                               security=ClientSecurity.from_config(c),
                                request_timeout_ms=c["request.timeout.ms"],
                                reconnect_backoff_ms=c["reconnect.backoff.ms"],
                                metadata_max_age_ms=c["metadata.max.age.ms"],

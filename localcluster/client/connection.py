@@ -149,6 +149,39 @@ class Address:
         return f"unix:{self.unix_socket}" if self.unix_socket else f"{self.host}:{self.port}"
 
 
+@dataclass(frozen=True, slots=True)
+class ClientSecurity:
+    """librdkafka's names: security.protocol, sasl.mechanism, sasl.username, sasl.password.
+    SASL applies to TCP addresses only: a Unix socket's file mode is its credential."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str = "PLAIN"
+    username: str = ""
+    password: str = ""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ClientSecurity:
+        protocol = str(config.get("security.protocol", "PLAINTEXT")).upper()
+        if protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            raise ValueError(f"security.protocol={protocol}: use PLAINTEXT or SASL_PLAINTEXT")
+        security = cls(protocol, str(config.get("sasl.mechanism", "PLAIN")).upper(),
+                       str(config.get("sasl.username", "")), str(config.get("sasl.password", "")))  # fmt: skip
+        if protocol == "SASL_PLAINTEXT" and not security.username:
+            raise ValueError(
+                "security.protocol=SASL_PLAINTEXT needs sasl.username and sasl.password"
+            )
+        return security
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol == "SASL_PLAINTEXT"
+
+
+PLAINTEXT_SECURITY = ClientSecurity()
+SECURITY_DEFAULTS = {"security.protocol": "PLAINTEXT", "sasl.mechanism": "PLAIN",
+                     "sasl.username": "", "sasl.password": ""}  # fmt: skip
+
+
 def _api_name(api_key: int) -> str:
     try:
         return ApiKey(api_key).name
@@ -189,8 +222,10 @@ class BrokerConnection:
     @classmethod
     async def open(cls, address: Address, *, client_id: str = DEFAULT_CLIENT_ID,
                    max_in_flight: int = 5, request_timeout_ms: int = 30_000,
-                   connect_timeout_ms: int = 10_000) -> BrokerConnection:  # fmt: skip
-        """Connect and negotiate API versions; raises KafkaConnectionError if unreachable."""
+                   connect_timeout_ms: int = 10_000,
+                   security: ClientSecurity = PLAINTEXT_SECURITY) -> BrokerConnection:  # fmt: skip
+        """Connect, negotiate API versions and, on a SASL listener, authenticate; raises
+        KafkaConnectionError if unreachable, KafkaError(SASL_AUTHENTICATION_FAILED) if refused."""
         try:
             if address.unix_socket:
                 opening = asyncio.open_unix_connection(address.unix_socket, limit=1 << 20)
@@ -202,10 +237,48 @@ class BrokerConnection:
         connection = cls(address, reader, writer, client_id, max_in_flight, request_timeout_ms)
         try:
             await connection._negotiate_versions()
+            if security.uses_sasl and not address.unix_socket:
+                await connection._authenticate(security)
         except BaseException:
             connection.close()
             raise
         return connection
+
+    async def _authenticate(self, security: ClientSecurity) -> None:
+        """SaslHandshake v1, then the mechanism's tokens in SaslAuthenticate requests."""
+        import secrets
+
+        from localcluster.protocol import sasl
+
+        mechanism = security.mechanism
+        payload, offset = await self.send(ApiKey.SASL_HANDSHAKE, lambda v: messages.encode_request(
+            ApiKey.SASL_HANDSHAKE, v, {"mechanism": mechanism}), version=1)  # fmt: skip
+        handshake = messages.decode_response(ApiKey.SASL_HANDSHAKE, 1, payload, offset)
+        if handshake.error_code:
+            raise KafkaError(f"broker at {self.address} does not accept SASL {mechanism} "
+                             f"(it offers {', '.join(handshake.mechanisms) or 'none'})",
+                             int(handshake.error_code))  # fmt: skip
+        client = sasl.new_sasl_client(mechanism, security.username, security.password,
+                                      nonce=secrets.token_urlsafe(24))  # fmt: skip
+        token = client.initial()
+        version = self.version(ApiKey.SASL_AUTHENTICATE)
+        for _ in range(8):  # PLAIN takes one round, SCRAM two
+            payload, offset = await self.send(ApiKey.SASL_AUTHENTICATE, lambda v, t=token: (
+                messages.encode_request(ApiKey.SASL_AUTHENTICATE, v, {"auth_bytes": t})))  # fmt: skip
+            answer = messages.decode_response(ApiKey.SASL_AUTHENTICATE, version, payload, offset)
+            if answer.error_code:
+                raise KafkaError(f"SASL {mechanism} authentication as {security.username!r} at "
+                                 f"{self.address} failed: {answer.error_message or 'refused'}",
+                                 int(answer.error_code))  # fmt: skip
+            try:
+                token = client.evaluate(bytes(answer.auth_bytes))
+            except sasl.SaslAuthenticationError as e:
+                raise KafkaError(f"SASL {mechanism} at {self.address}: the broker's answer "
+                                 f"does not verify ({e})", ErrorCode.sasl_authentication_failed) from None  # fmt: skip
+            if client.complete:
+                return
+        raise KafkaError(f"SASL {mechanism} at {self.address} did not complete",
+                         ErrorCode.sasl_authentication_failed)  # fmt: skip
 
     @property
     def closed(self) -> bool:

@@ -30,6 +30,8 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.client.connection import (
     DEFAULT_CLIENT_ID,
+    SECURITY_DEFAULTS,
+    ClientSecurity,
     KafkaConnectionError,
     KafkaError,
     LoopThread,
@@ -68,6 +70,7 @@ DEFAULTS = {
     "metadata.max.age.ms": 300_000,
     "reconnect.backoff.ms": 50,
     "allow.auto.create.topics": True,
+    **SECURITY_DEFAULTS,
 }
 RESET_POLICIES = ("earliest", "latest", "none")
 METADATA_ERRORS = {ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
@@ -150,6 +153,7 @@ class AsyncConsumer:
                              f"{', '.join(RESET_POLICIES)}")  # fmt: skip
         c = self.config
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
+                               security=ClientSecurity.from_config(c),
                                request_timeout_ms=c["request.timeout.ms"],
                                reconnect_backoff_ms=c["reconnect.backoff.ms"],
                                metadata_max_age_ms=c["metadata.max.age.ms"],

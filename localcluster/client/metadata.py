@@ -20,8 +20,10 @@ from pathlib import Path
 
 from localcluster.client.connection import (
     DEFAULT_CLIENT_ID,
+    PLAINTEXT_SECURITY,
     Address,
     BrokerConnection,
+    ClientSecurity,
     KafkaConnectionError,
     KafkaError,
 )
@@ -132,6 +134,7 @@ class Cluster:
     def __init__(self, bootstrap_servers: str | Iterable[str] | None = None,
                  cluster_dir: str | os.PathLike | None = None, *,
                  client_id: str = DEFAULT_CLIENT_ID, request_timeout_ms: int = 30_000,
+                 security: ClientSecurity = PLAINTEXT_SECURITY,
                  max_in_flight: int = 5, reconnect_backoff_ms: int = 50,
                  metadata_max_age_ms: int = 300_000, allow_auto_create_topics: bool = True):  # fmt: skip
         if bootstrap_servers is None and cluster_dir is None:
@@ -139,6 +142,7 @@ class Cluster:
         self.bootstrap = bootstrap_addresses(bootstrap_servers)
         self.cluster_dir = cluster_dir
         self.client_id = client_id
+        self.security = security
         self.request_timeout_ms = request_timeout_ms
         self.max_in_flight = max_in_flight
         self.reconnect_backoff_ms = reconnect_backoff_ms
@@ -211,7 +215,7 @@ class Cluster:
             try:
                 connection = await BrokerConnection.open(
                     address, client_id=self.client_id, max_in_flight=self.max_in_flight,
-                    request_timeout_ms=self.request_timeout_ms)  # fmt: skip
+                    request_timeout_ms=self.request_timeout_ms, security=self.security)  # fmt: skip
             except KafkaError:
                 self._last_failure[key] = time.monotonic()
                 if isinstance(key, int):

@@ -38,6 +38,8 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.client.connection import (
     DEFAULT_CLIENT_ID,
+    SECURITY_DEFAULTS,
+    ClientSecurity,
     KafkaConnectionError,
     KafkaError,
     LoopThread,
@@ -66,6 +68,7 @@ DEFAULTS = {
     "metadata.max.age.ms": 300_000,
     "reconnect.backoff.ms": 50,
     "allow.auto.create.topics": True,
+    **SECURITY_DEFAULTS,
 }
 
 # Errors after which the partition's leader may have moved: refresh metadata before retrying.
@@ -166,6 +169,7 @@ class AsyncProducer:
             raise ValueError(f"acks={acks!r}: use 0, 1, -1 or 'all'")
         c = self.config
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
+                               security=ClientSecurity.from_config(c),
                                request_timeout_ms=c["request.timeout.ms"],
                                max_in_flight=c["max.in.flight.requests.per.connection"],
                                reconnect_backoff_ms=c["reconnect.backoff.ms"],

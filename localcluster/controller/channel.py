@@ -2,7 +2,8 @@
 
 A `RequestBatch` collects the LeaderAndIsr partition states and StopReplica partitions that one
 event produced, per broker, and hands each broker one request of each kind. A broker's queue is
-served by one task over one connection to its Unix socket; a request that fails for a
+served by one task over one connection (its Unix socket on this host, else its inter-broker
+listener: broker/inter_broker.py decides); a request that fails for a
 connection reason is retried (with backoff) until it is answered or the broker is removed
 (it died: its next registration brings a fresh queue and a full LeaderAndIsr).
 """
@@ -14,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from localcluster.client.connection import Address, BrokerConnection, KafkaError
+from localcluster.client.connection import BrokerConnection, KafkaError
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
@@ -74,10 +75,11 @@ class RequestBatch:
 
 
 class _BrokerQueue:
-    def __init__(self, broker_id: int, socket_path: str, client_id: str):
+    def __init__(self, broker_id: int, registration, client_id: str, connector):
         self.broker_id = broker_id
-        self.socket_path = socket_path
+        self.registration = registration
         self.client_id = client_id
+        self.connector = connector
         self.queue: asyncio.Queue[_Request] = asyncio.Queue(QUEUE_BOUND)
         self.task = asyncio.get_running_loop().create_task(self._run())
         self.connection: BrokerConnection | None = None
@@ -105,8 +107,8 @@ class _BrokerQueue:
 
     async def _send(self, request: _Request) -> cr.PartitionErrors:
         if self.connection is None or self.connection.closed:
-            self.connection = await BrokerConnection.open(Address(unix_socket=self.socket_path),
-                                                          client_id=self.client_id, max_in_flight=1)  # fmt: skip
+            self.connection = await self.connector.open(self.broker_id, self.client_id, 1,
+                                                        self.registration)  # fmt: skip
         frame, offset = await self.connection.send(request.api_key, lambda v: request.body, version=0,
                                                    timeout_ms=REQUEST_TIMEOUT_MS)  # fmt: skip
         response = request.parse(Reader(frame, offset))
@@ -126,18 +128,19 @@ class _BrokerQueue:
 
 
 class ControllerChannelManager:
-    def __init__(self, controller_id: int):
+    def __init__(self, controller_id: int, connector):
         self.controller_id = controller_id
+        self.connector = connector  # broker/inter_broker.py's InterBrokerConnector
         self._queues: dict[int, _BrokerQueue] = {}
 
-    def add_broker(self, broker_id: int, socket_path: str) -> None:
+    def add_broker(self, broker_id: int, registration) -> None:
         existing = self._queues.get(broker_id)
-        if existing is not None and existing.socket_path == socket_path:
+        if existing is not None and existing.registration == registration:
             return
         if existing is not None:
             asyncio.get_running_loop().create_task(existing.close())
-        self._queues[broker_id] = _BrokerQueue(broker_id, socket_path,
-                                               f"controller-{self.controller_id}")  # fmt: skip
+        self._queues[broker_id] = _BrokerQueue(broker_id, registration,
+                                               f"controller-{self.controller_id}", self.connector)  # fmt: skip
 
     async def remove_broker(self, broker_id: int) -> None:
         queue = self._queues.pop(broker_id, None)

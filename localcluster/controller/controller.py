@@ -47,6 +47,7 @@ class KafkaController:
         self.on_event = on_event or (lambda line: None)
         self.ctx: ControllerContext | None = None
         self.channel: ControllerChannelManager | None = None
+        self.connector = None  # InterBrokerConnector, set by the broker that hosts us
         self._queue: asyncio.Queue | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -175,13 +176,13 @@ class KafkaController:
 
     async def _on_failover(self) -> None:
         ctx = self.ctx
-        self.channel = ControllerChannelManager(self.broker_id)
+        self.channel = ControllerChannelManager(self.broker_id, self.connector)
         self.leadership = PartitionLeadership(ctx, self.zk, self.run_blocking,
                                               self.config.unclean_leader_election_enable, self.event)  # fmt: skip
         self.operations = TopicOperations(self)
         ctx.live_brokers = await self.run_blocking(self.zk.live_brokers)
         for broker, registration in ctx.live_brokers.items():
-            self.channel.add_broker(broker, registration.unix_socket)
+            self.channel.add_broker(broker, registration)
         for topic in await self.run_blocking(self.zk.topics):
             await self._load_topic(topic)
         self._initialize_states()
@@ -287,7 +288,7 @@ class KafkaController:
                                             lead.state.leader_epoch, lead.state.isr,
                                             lead.zk_version, replicas))  # fmt: skip
             offline.append(tuple(r for r in replicas if r not in live))
-        brokers = tuple(cr.MetadataBroker(b, r.host, r.port, r.rack, r.unix_socket)
+        brokers = tuple(cr.MetadataBroker(b, r.endpoints, r.rack, r.unix_socket)
                         for b, r in sorted(live.items()))  # fmt: skip
         body = cr.write_update_metadata(cr.UpdateMetadataRequest(
             self.broker_id, ctx.epoch, tuple(states), tuple(offline), brokers))  # fmt: skip
@@ -309,7 +310,7 @@ class KafkaController:
             ctx.shutting_down.discard(broker)
             await self.channel.remove_broker(broker)
         for broker in sorted(new):
-            self.channel.add_broker(broker, current[broker].unix_socket)
+            self.channel.add_broker(broker, current[broker])
         if dead:
             self.event(f"broker(s) {sorted(dead)} died")
             await self._on_brokers_failed(dead)

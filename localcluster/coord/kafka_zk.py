@@ -16,6 +16,7 @@ import uuid
 
 from localcluster.coord import paths
 from localcluster.coord.interface import (
+    BadPathError,
     BadVersionError,
     CoordinationClient,
     NodeExistsError,
@@ -34,6 +35,7 @@ from localcluster.coord.znode_data import (
 log = logging.getLogger(__name__)
 
 CONFIG_TOPICS = "/config/topics"
+CONFIG_USERS = "/config/users"  # SCRAM credentials, as `kafka-configs.sh --entity-type users`
 CLUSTER_ID = "/cluster/id"
 TopicPartition = tuple[str, int]
 
@@ -44,6 +46,10 @@ class ControllerMovedError(Exception):
 
 def config_path(topic: str) -> str:
     return f"{CONFIG_TOPICS}/{topic}"
+
+
+def user_config_path(user: str) -> str:
+    return f"{CONFIG_USERS}/{user}"
 
 
 class KafkaZkClient:
@@ -150,6 +156,24 @@ class KafkaZkClient:
         except NoNodeError:
             return None
         return TopicAssignment.decode(path, data)
+
+    # -- users (SCRAM credentials) ------------------------------------------------------------
+
+    def user_config(self, user: str) -> dict[str, str]:
+        """/config/users/<user>: {"SCRAM-SHA-256": "salt=...,stored_key=...,..."}, or {}."""
+        try:
+            data, _ = self.coord.get(user_config_path(user))
+        except (NoNodeError, BadPathError):
+            return {}
+        return decode_topic_config(user_config_path(user), data)
+
+    def set_user_config(self, user: str, config: dict[str, str]) -> None:
+        path = user_config_path(user)
+        self.coord.ensure_path(CONFIG_USERS)
+        try:
+            self.coord.set(path, encode_topic_config(config))
+        except NoNodeError:
+            self.coord.create(path, encode_topic_config(config))
 
     def topic_config(self, topic: str) -> dict[str, str]:
         try:

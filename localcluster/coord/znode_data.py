@@ -1,8 +1,10 @@
 """The JSON stored in Kafka's znodes, encoded and decoded in one place.
 
 Layouts follow Kafka's ZK-era formats so a reader of Kafka's docs recognises them:
-    /brokers/ids/<id>          {"version":5,"host","port","endpoints":[...],"rack",...}
-                               plus ours: "unix_socket" (inter-broker listener), "pid"
+    /brokers/ids/<id>          {"version":5,"host","port","endpoints":["NAME://host:port"],
+                                "listener_security_protocol_map","rack",...}
+                               plus ours: "unix_socket" (the one-host inter-broker path),
+                               "host_id", "pid"
     /brokers/topics/<t>        {"version":2,"partitions":{"0":[1,2]},"adding_replicas":{},
                                 "removing_replicas":{}}
     .../partitions/<p>/state   {"version":1,"leader","leader_epoch","isr","controller_epoch"}
@@ -42,32 +44,84 @@ def _dump(value: dict) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerRegistration:
-    broker_id: int
+class EndPoint:
+    """One advertised listener: Kafka's EndPoint (listener name, host, port, protocol)."""
+
+    listener_name: str
     host: str
     port: int
-    unix_socket: str
+    security_protocol: str = "PLAINTEXT"
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.listener_name}://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    """/brokers/ids/<id>. `endpoints` are the advertised listeners in their configured order;
+    `unix_socket` and `host_id` (boot id and network namespace) are ours: a broker with the same
+    host id can reach the socket, any other goes over the inter-broker listener."""
+
+    broker_id: int
+    endpoints: tuple[EndPoint, ...]
+    unix_socket: str = ""
     rack: str | None = None
     pid: int | None = None
     timestamp_ms: int = 0
+    host_id: str = ""
+
+    @property
+    def client_endpoint(self) -> EndPoint | None:
+        """The first advertised endpoint: what a Unix-socket client is told (it has no
+        listener of its own to be answered for)."""
+        return self.endpoints[0] if self.endpoints else None
+
+    @property
+    def host(self) -> str:
+        return self.endpoints[0].host if self.endpoints else ""
+
+    @property
+    def port(self) -> int:
+        return self.endpoints[0].port if self.endpoints else -1
+
+    def endpoint(self, listener_name: str) -> EndPoint | None:
+        return next((e for e in self.endpoints if e.listener_name == listener_name), None)
 
     def encode(self) -> bytes:
+        plaintext = next((e for e in self.endpoints if e.security_protocol == "PLAINTEXT"), None)
         return _dump({
-            "version": 5, "host": self.host, "port": self.port,
-            "endpoints": [f"PLAINTEXT://{self.host}:{self.port}"],
-            "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+            "version": 5,
+            # Kafka fills host/port from the PLAINTEXT endpoint, null/-1 without one.
+            "host": plaintext.host if plaintext else None,
+            "port": plaintext.port if plaintext else -1,
+            "endpoints": [str(e) for e in self.endpoints],
+            "listener_security_protocol_map": {
+                e.listener_name: e.security_protocol for e in self.endpoints},
             "jmx_port": -1, "rack": self.rack, "timestamp": str(self.timestamp_ms),
-            "unix_socket": self.unix_socket, "pid": self.pid,
+            "unix_socket": self.unix_socket, "pid": self.pid, "host_id": self.host_id,
         })  # fmt: skip
 
     @classmethod
     def decode(cls, broker_id: int, path: str, data: bytes) -> BrokerRegistration:
         value = _load(path, data)
         try:
-            return cls(broker_id, value["host"], int(value["port"]), value.get("unix_socket", ""),
-                       value.get("rack"), value.get("pid"), int(value.get("timestamp", 0)))  # fmt: skip
+            protocols = value.get("listener_security_protocol_map") or {}
+            endpoints = tuple(_endpoint(text, protocols) for text in value["endpoints"])
+            return cls(broker_id, endpoints, value.get("unix_socket", ""), value.get("rack"),
+                       value.get("pid"), int(value.get("timestamp", 0)),
+                       str(value.get("host_id", "")))  # fmt: skip
         except (KeyError, ValueError, TypeError) as e:
-            raise ZnodeDataError(f"broker registration {path} lacks {e}") from None
+            raise ZnodeDataError(f"broker registration {path} lacks or garbles {e}") from None
+
+
+def _endpoint(text: str, protocols: dict) -> EndPoint:
+    name, sep, rest = str(text).partition("://")
+    host, colon, port = rest.rpartition(":")
+    if not sep or not colon:
+        raise ValueError(f"endpoint {text!r}")
+    name = name.upper()
+    return EndPoint(name, host.strip("[]"), int(port), str(protocols.get(name, name)))
 
 
 @dataclass(frozen=True, slots=True)

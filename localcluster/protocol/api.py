@@ -27,9 +27,11 @@ class ApiKey(enum.IntEnum):
     STOP_REPLICA = 5
     UPDATE_METADATA = 6
     CONTROLLED_SHUTDOWN = 7
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     OFFSET_FOR_LEADER_EPOCH = 23
+    SASL_AUTHENTICATE = 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.API_VERSIONS: VersionRange(0, 3, 3),
     ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
+    ApiKey.SASL_HANDSHAKE: VersionRange(0, 1, 1 << 15),
+    ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2, 2),
     # The ZK-era controller APIs, version 0 of our own layouts (controller_requests.py).
     ApiKey.LEADER_AND_ISR: VersionRange(0, 0, 1 << 15),
     ApiKey.STOP_REPLICA: VersionRange(0, 0, 1 << 15),

@@ -15,8 +15,9 @@ UpdateMetadata (6): controller_id int32, controller_epoch int32,
                    [topic string, partition int32, controller_epoch int32, leader int32,
                     leader_epoch int32, isr [int32], zk_version int32, replicas [int32],
                     offline_replicas [int32]],
-                   [broker_id int32, host string, port int32, rack nullable_string,
-                    unix_socket string]
+                   [broker_id int32, [listener string, host string, port int32,
+                    security_protocol string] (as UpdateMetadata v3+ carries endpoints),
+                    rack nullable_string, unix_socket string]
     response:      error_code int16
 ControlledShutdown (7): broker_id int32
     response:      error_code int16, [topic string, partition int32] (partitions still led)
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localcluster.coord.znode_data import EndPoint
 from localcluster.protocol.wire import Reader, Writer
 
 
@@ -53,10 +55,12 @@ class LeaderAndIsrRequest:
 @dataclass(frozen=True, slots=True)
 class MetadataBroker:
     broker_id: int
-    host: str
-    port: int
+    endpoints: tuple[EndPoint, ...]  # advertised listeners, in their configured order
     rack: str | None
     unix_socket: str
+
+    def endpoint(self, listener_name: str) -> EndPoint | None:
+        return next((e for e in self.endpoints if e.listener_name == listener_name), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +169,10 @@ def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
         _write_int32s(w, offline)
     w.int32(len(request.brokers))
     for b in request.brokers:
-        w.int32(b.broker_id).string(b.host).int32(b.port).nullable_string(b.rack).string(
-            b.unix_socket
-        )
+        w.int32(b.broker_id).int32(len(b.endpoints))
+        for e in b.endpoints:
+            w.string(e.listener_name).string(e.host).int32(e.port).string(e.security_protocol)
+        w.nullable_string(b.rack).string(b.unix_socket)
     return w.getvalue()
 
 
@@ -177,11 +182,17 @@ def read_update_metadata(r: Reader) -> UpdateMetadataRequest:
     for _ in range(r.array_length()):
         partitions.append(PartitionState(*_read_partition_state(r)))
         offline.append(_int32s(r))
-    brokers = tuple(MetadataBroker(r.int32(), r.string(), r.int32(), r.nullable_string(), r.string())
-                    for _ in range(r.array_length()))  # fmt: skip
+    brokers = tuple(_read_metadata_broker(r) for _ in range(r.array_length()))
     return UpdateMetadataRequest(
         controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers
     )
+
+
+def _read_metadata_broker(r: Reader) -> MetadataBroker:
+    broker_id = r.int32()
+    endpoints = tuple(EndPoint(r.string(), r.string(), r.int32(), r.string())
+                      for _ in range(r.array_length()))  # fmt: skip
+    return MetadataBroker(broker_id, endpoints, r.nullable_string(), r.string())
 
 
 def write_error_code(error_code: int) -> bytes:

@@ -77,7 +77,7 @@ def test_properties_round_trip():
     config = BrokerConfig.from_properties({"broker.id": "2", "broker.rack": "r1", "log.dirs": "/d",
                                            "min.insync.replicas": "2"})  # fmt: skip
     text = {k: str(v).lower() if isinstance(v, bool) else str(v)
-            for k, v in config.properties().items()}  # fmt: skip
+            for k, v in config.properties().items() if v is not None}  # fmt: skip
     assert BrokerConfig.from_properties(text) == config
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from localcluster.coord.znode_data import (
     BrokerRegistration,
+    EndPoint,
     LeaderAndIsr,
     TopicAssignment,
     ZnodeDataError,
@@ -30,32 +31,53 @@ tables = st.dictionaries(st.integers(0, 10_000), ids, max_size=8)
 
 
 def test_broker_registration_layout():
-    reg = BrokerRegistration(3, "127.0.0.1", 9092, "/tmp/b3.sock", rack="r1", pid=42,
-                             timestamp_ms=1_700_000_000_000)  # fmt: skip
+    endpoints = (EndPoint("PLAINTEXT", "127.0.0.1", 9092),
+                 EndPoint("BROKER", "10.0.0.3", 9093, "SASL_PLAINTEXT"))  # fmt: skip
+    reg = BrokerRegistration(3, endpoints, "/tmp/b3.sock", rack="r1", pid=42,
+                             timestamp_ms=1_700_000_000_000, host_id="boot/4026531840")  # fmt: skip
     value = json.loads(reg.encode())
     assert value == {
-        "version": 5, "host": "127.0.0.1", "port": 9092, "endpoints": ["PLAINTEXT://127.0.0.1:9092"],
-        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"}, "jmx_port": -1, "rack": "r1",
-        "timestamp": "1700000000000", "unix_socket": "/tmp/b3.sock", "pid": 42,
+        "version": 5, "host": "127.0.0.1", "port": 9092,
+        "endpoints": ["PLAINTEXT://127.0.0.1:9092", "BROKER://10.0.0.3:9093"],
+        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT", "BROKER": "SASL_PLAINTEXT"},
+        "jmx_port": -1, "rack": "r1", "timestamp": "1700000000000", "unix_socket": "/tmp/b3.sock",
+        "pid": 42, "host_id": "boot/4026531840",
     }  # fmt: skip
     assert BrokerRegistration.decode(3, BROKER_PATH, reg.encode()) == reg
+    assert reg.endpoint("BROKER") == endpoints[1] and reg.endpoint("CLIENT") is None
+
+
+def test_broker_registration_without_plaintext_has_kafkas_null_host():
+    reg = BrokerRegistration(1, (EndPoint("SASL_PLAINTEXT", "h", 9094, "SASL_PLAINTEXT"),))
+    value = json.loads(reg.encode())
+    assert value["host"] is None and value["port"] == -1
+    assert BrokerRegistration.decode(1, BROKER_PATH, reg.encode()) == reg
+
+
+listener_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True)
+endpoint_lists = st.lists(
+    st.builds(EndPoint, listener_names, st.from_regex(r"[a-z0-9.\-]{1,20}", fullmatch=True),
+              st.integers(0, 65535), st.sampled_from(["PLAINTEXT", "SASL_PLAINTEXT"])),
+    min_size=1, max_size=3, unique_by=lambda e: e.listener_name)  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(0, 1000), st.text(min_size=1, max_size=20), st.integers(0, 65535), st.text(max_size=30),
+@given(st.integers(0, 1000), endpoint_lists, st.text(max_size=30),
        st.one_of(st.none(), st.text(max_size=10)), st.one_of(st.none(), st.integers(1, 2**22)),
-       st.integers(0, 2**45))  # fmt: skip
-def test_broker_registration_round_trip(broker_id, host, port, sock, rack, pid, ts):
-    reg = BrokerRegistration(broker_id, host, port, sock, rack, pid, ts)
+       st.integers(0, 2**45), st.text(max_size=20))  # fmt: skip
+def test_broker_registration_round_trip(broker_id, endpoints, sock, rack, pid, ts, host):
+    reg = BrokerRegistration(broker_id, tuple(endpoints), sock, rack, pid, ts, host)
     assert BrokerRegistration.decode(broker_id, BROKER_PATH, reg.encode()) == reg
 
 
 def test_broker_registration_written_by_kafka():
-    data = (b'{"listener_security_protocol_map":{"PLAINTEXT":"PLAINTEXT"},"endpoints":'
-            b'["PLAINTEXT://kafka1:9092"],"jmx_port":-1,"host":"kafka1","timestamp":"1600000000000",'
-            b'"port":9092,"version":4}')  # fmt: skip
+    data = (b'{"listener_security_protocol_map":{"PLAINTEXT":"PLAINTEXT","SASL":"SASL_PLAINTEXT"},'
+            b'"endpoints":["PLAINTEXT://kafka1:9092","SASL://kafka1:9094"],"jmx_port":-1,'
+            b'"host":"kafka1","timestamp":"1600000000000","port":9092,"version":4}')  # fmt: skip
     reg = BrokerRegistration.decode(1, BROKER_PATH, data)
-    assert reg == BrokerRegistration(1, "kafka1", 9092, "", None, None, 1_600_000_000_000)
+    assert reg == BrokerRegistration(
+        1, (EndPoint("PLAINTEXT", "kafka1", 9092), EndPoint("SASL", "kafka1", 9094, "SASL_PLAINTEXT")),
+        "", None, None, 1_600_000_000_000)  # fmt: skip
 
 
 @pytest.mark.parametrize("data, match", [
@@ -64,10 +86,11 @@ def test_broker_registration_written_by_kafka():
     (b"{not json", "does not hold JSON"),
     (b"[1, 2]", "holds list, expected an object"),
     (b'"host"', "holds str, expected an object"),
-    (b'{"port": 9092}', "lacks 'host'"),
-    (b'{"host": "h"}', "lacks 'port'"),
-    (b'{"host": "h", "port": "many"}', BROKER_PATH),
-    (b'{"host": "h", "port": 1, "timestamp": "soon"}', BROKER_PATH),
+    (b'{"host": "h", "port": 9092}', "lacks or garbles 'endpoints'"),
+    (b'{"endpoints": ["PLAINTEXT://h"]}', BROKER_PATH),
+    (b'{"endpoints": ["PLAINTEXT://h:many"]}', BROKER_PATH),
+    (b'{"endpoints": "PLAINTEXT://h:1"}', BROKER_PATH),
+    (b'{"endpoints": ["PLAINTEXT://h:1"], "timestamp": "soon"}', BROKER_PATH),
 ])  # fmt: skip
 def test_broker_registration_garbage(data, match):
     with pytest.raises(ZnodeDataError, match=match) as e:
