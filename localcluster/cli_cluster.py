@@ -97,10 +97,12 @@ def _parse_up(count: int, racks: str | None, settings: tuple[str, ...]):
         BrokerConfig.from_properties(properties, broker_id=0)
     except ConfigError as e:
         raise click.BadParameter(str(e), param_hint="--set") from None
-    for reserved in ("broker.id", "broker.rack"):
+    for reserved, instead in (("broker.id", "--brokers"), ("broker.rack", "--racks"),
+                              ("listeners", "--port-base and --listener-protocol"),
+                              ("advertised.listeners", "--port-base"), ("port", "--port-base")):  # fmt: skip
         if reserved in properties:
-            raise click.BadParameter(f"{reserved} is set per broker by `up` (use --racks for "
-                                     "racks)", param_hint="--set")  # fmt: skip
+            raise click.BadParameter(f"{reserved} is set per broker by `up` (use {instead})",
+                                     param_hint="--set")  # fmt: skip
     rack_list: list[str | None] = [None] * count
     if racks:
         rack_list = [r.strip() or None for r in racks.split(",")]
@@ -121,12 +123,21 @@ def _parse_up(count: int, racks: str | None, settings: tuple[str, ...]):
 @click.option("--detach", is_flag=True, help="Run the supervisor in the background and return.")
 @click.option("--zookeeper", metavar="HOST:PORT[/CHROOT]",
               help="Use a real ZooKeeper instead of the store in --dir (a chroot keeps clusters apart).")  # fmt: skip
+@click.option("--port-base", type=click.IntRange(1, 65535), default=None,
+              help="Broker N listens on PORT+N (default: free ports chosen now); either way "
+                   "the ports are kept for the cluster's lifetime.")  # fmt: skip
+@click.option("--listener-protocol", type=click.Choice(["PLAINTEXT", "SASL_PLAINTEXT"],
+                                                       case_sensitive=False),
+              default="PLAINTEXT", show_default=True,
+              help="What clients speak on the TCP ports; SASL_PLAINTEXT creates users and "
+                   "prints the client settings.")  # fmt: skip
 @click.option("--timeout", "timeout_s", default=cluster.READY_TIMEOUT_S, show_default=True,
               type=click.FloatRange(1), help="Seconds to wait for the brokers.")  # fmt: skip
 @_dir_option
 @_json_option
 @_friendly
-def up(count, racks, settings, data_dir, detach, zookeeper, timeout_s, cluster_dir, as_json):
+def up(count, racks, settings, data_dir, detach, zookeeper, port_base, listener_protocol,
+       timeout_s, cluster_dir, as_json):  # fmt: skip
     """Start a cluster of N brokers and wait until it is ready.
 
     In the foreground it streams events (brokers dying, controller moves, leader elections,
@@ -150,12 +161,24 @@ def up(count, racks, settings, data_dir, detach, zookeeper, timeout_s, cluster_d
                 + (f", supervisor pid {supervisor}" if supervisor else "")
                 + "); nothing changed. `localcluster status` shows it, `localcluster down` stops it"
             )
+    if port_base is not None and port_base + count - 1 > 65535:
+        raise click.BadParameter(f"{port_base} + {count} brokers passes port 65535",
+                                 param_hint="--port-base")  # fmt: skip
+    ports = (list(range(port_base, port_base + count)) if port_base is not None
+             else cluster.free_ports(count))  # fmt: skip
     spec = cluster.ClusterSpec(
         brokers=list(range(count)), racks=dict(enumerate(rack_list)), settings=properties,
         coordination=cluster_admin.coordination_spec(directory, zookeeper),
-        data_dir=str(data_dir.resolve()) if data_dir else None, created_ms=int(time.time() * 1000))  # fmt: skip
+        data_dir=str(data_dir.resolve()) if data_dir else None, created_ms=int(time.time() * 1000),
+        ports=dict(enumerate(ports)), listener_protocol=listener_protocol.upper())  # fmt: skip
+    if spec.listener_protocol == "SASL_PLAINTEXT":
+        from localcluster.tools.sasl_setup import client_properties_path
+
+        spec.client_properties = str(client_properties_path(directory))
     cluster_admin.prepare_coordination(spec)
     cluster.save_spec(directory, spec)
+    if spec.listener_protocol == "SASL_PLAINTEXT":
+        cluster_admin.prepare_sasl(directory, spec)
     if detach:
         controller = cluster_admin.launch_detached(directory, spec, timeout_s, CONTROLLER_GRACE_S)
         state = cluster.status(directory, spec)

@@ -49,10 +49,17 @@ class ClusterSpec:
     data_dir: str | None = None  # None: each broker's default (/dev/shm)
     created_ms: int = 0
     version: int = 1
+    # Each broker's client port, chosen once by `up` and kept for the cluster's lifetime, so
+    # a restarted broker (start, the supervisor, chaos) comes back on the same address.
+    ports: dict[int, int] = field(default_factory=dict)
+    listener_protocol: str = "PLAINTEXT"  # or SASL_PLAINTEXT (`up --listener-protocol`)
+    host: str = "127.0.0.1"
+    client_properties: str | None = None  # SASL: the client settings `up` wrote (mode 0600)
 
     def to_json(self) -> str:
         value = asdict(self)
         value["racks"] = {str(k): v for k, v in self.racks.items()}
+        value["ports"] = {str(k): v for k, v in self.ports.items()}
         return json.dumps(value, indent=2, sort_keys=True) + "\n"
 
     @classmethod
@@ -62,7 +69,19 @@ class ClusterSpec:
                    racks={int(k): v for k, v in value.get("racks", {}).items()},
                    settings={str(k): str(v) for k, v in value.get("settings", {}).items()},
                    coordination=value.get("coordination", ""), data_dir=value.get("data_dir"),
-                   created_ms=int(value.get("created_ms", 0)), version=int(value.get("version", 1)))  # fmt: skip
+                   created_ms=int(value.get("created_ms", 0)), version=int(value.get("version", 1)),
+                   ports={int(k): int(v) for k, v in value.get("ports", {}).items()},
+                   listener_protocol=value.get("listener_protocol", "PLAINTEXT"),
+                   host=value.get("host", "127.0.0.1"),
+                   client_properties=value.get("client_properties"))  # fmt: skip
+
+    def listeners(self, broker_id: int) -> str:
+        """The broker's `listeners`: its fixed client port (0 for a broker added by hand)."""
+        return f"{self.listener_protocol}://{self.host}:{self.ports.get(broker_id, 0)}"
+
+    def bootstrap_servers(self) -> str:
+        """host:port of every broker: valid across restarts, since the ports are fixed."""
+        return ",".join(f"{self.host}:{self.ports[b]}" for b in self.brokers if b in self.ports)
 
 
 # -- the cluster dir ----------------------------------------------------------------------------
@@ -196,7 +215,11 @@ def supervisor_pid(cluster_dir: Path) -> int | None:
 def broker_command(cluster_dir: Path, spec: ClusterSpec, broker_id: int) -> list[str]:
     args = [sys.executable, "-m", "localcluster.broker", "--id", str(broker_id),
             "--cluster-dir", str(cluster_dir), "--coordination", spec.coordination]  # fmt: skip
-    settings = dict(spec.settings)
+    settings = {"listeners": spec.listeners(broker_id), **spec.settings}
+    if spec.listener_protocol == "SASL_PLAINTEXT":
+        from localcluster.tools.sasl_setup import broker_sasl_settings
+
+        settings.update(broker_sasl_settings(cluster_dir))
     rack = spec.racks.get(broker_id)
     if rack:
         settings["broker.rack"] = rack
@@ -361,6 +384,24 @@ def bootstrap_servers(regs: dict) -> str:
     return ",".join(f"{r.host}:{r.port}" for _, r in sorted(regs.items()))
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports nothing listens on now, held open together so they are distinct. (Another
+    process may take one before a broker binds it; that broker then fails with a message
+    naming the port, and `up --port-base` picks fixed ones.)"""
+    import socket
+
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def parse_topic_partition(text: str) -> tuple[str, int]:
     topic, sep, partition = text.rpartition(":")
     if not sep or not topic or not partition.isdigit():
@@ -439,9 +480,13 @@ def status(cluster_dir: Path, spec: ClusterSpec | None = None) -> dict:
         row["replica_offsets"] = {str(b): {"log_end_offset": leo, "high_watermark": hw}
                                   for (t, p, b), (leo, hw) in replicas.items()
                                   if t == row["topic"] and p == row["partition"]}  # fmt: skip
+    from localcluster.tools.sasl_setup import client_settings
+
     return {"cluster_dir": str(cluster_dir), "coordination": spec.coordination,
+            "client_settings": client_settings(spec),
             "supervisor_pid": supervisor_pid(cluster_dir), "brokers": brokers,
-            "controller": controller, "bootstrap_servers": bootstrap_servers(regs),
+            "controller": controller,
+            "bootstrap_servers": spec.bootstrap_servers() or bootstrap_servers(regs),
             "partitions": partitions}  # fmt: skip
 
 

@@ -32,6 +32,13 @@ def live_bootstrap(spec: ClusterSpec) -> str:
     return cluster.bootstrap_servers(regs)
 
 
+def client_config(spec: ClusterSpec) -> dict[str, str]:
+    """Our client's settings for the cluster's TCP listeners: its SASL login, if any."""
+    from localcluster.tools.sasl_setup import client_settings
+
+    return client_settings(spec)
+
+
 def _kafka_error(e: Exception, context: str) -> ClusterError:
     from kio.schema.errors import ErrorCode
 
@@ -52,7 +59,8 @@ def _admin(spec: ClusterSpec):
     from localcluster.client import Admin, KafkaError
 
     try:
-        return Admin(bootstrap_servers=live_bootstrap(spec), request_timeout_ms=CLIENT_TIMEOUT_MS)
+        return Admin(client_config(spec), bootstrap_servers=live_bootstrap(spec),
+                     request_timeout_ms=CLIENT_TIMEOUT_MS)  # fmt: skip
     except KafkaError as e:
         raise ClusterError(f"cannot reach the brokers: {e}") from None
 
@@ -140,7 +148,7 @@ def produce(spec: ClusterSpec, topic: str, lines: Iterable[str], *, key: str | N
     from localcluster.client import KafkaError, Producer
 
     try:
-        producer = Producer(bootstrap_servers=live_bootstrap(spec), acks=acks,
+        producer = Producer(client_config(spec), bootstrap_servers=live_bootstrap(spec), acks=acks,
                             delivery_timeout_ms=timeout_ms,
                             request_timeout_ms=min(timeout_ms, CLIENT_TIMEOUT_MS),
                             max_block_ms=timeout_ms)  # fmt: skip
@@ -194,7 +202,7 @@ def consume(spec: ClusterSpec, topic: str, write: Callable[[object], None], *,
         raise ClusterError(f"topic {topic!r} has no partition {unknown[0]}; it has "
                            f"{', '.join(map(str, known))}")  # fmt: skip
     try:
-        consumer = Consumer(bootstrap_servers=live_bootstrap(spec),
+        consumer = Consumer(client_config(spec), bootstrap_servers=live_bootstrap(spec),
                             auto_offset_reset="earliest" if from_beginning else "latest",
                             request_timeout_ms=CLIENT_TIMEOUT_MS)  # fmt: skip
     except KafkaError as e:
@@ -459,6 +467,15 @@ def split_chroot(spec: str) -> tuple[str, str | None]:
         return spec, None
     hosts, sep, chroot = spec[len("zookeeper://") :].partition("/")
     return f"zookeeper://{hosts}", (f"/{chroot.strip('/')}" if sep and chroot.strip("/") else None)
+
+
+def prepare_sasl(cluster_dir: Path, spec: ClusterSpec) -> dict[str, str]:
+    """Credentials for a SASL_PLAINTEXT cluster (tools/sasl_setup.py), before any broker."""
+    from localcluster.coord.kafka_zk import KafkaZkClient
+    from localcluster.tools.sasl_setup import setup_sasl
+
+    with cluster.store(spec) as client:
+        return setup_sasl(cluster_dir, KafkaZkClient(client))
 
 
 def prepare_coordination(spec: ClusterSpec) -> None:

@@ -110,7 +110,13 @@ def ready(state: dict, controller: int | None, detached: bool) -> None:
         c.print("controller: no controller (none elected within the grace period)")
     else:
         c.print(f"controller: broker {controller}")
-    c.print(f"bootstrap servers: {state['bootstrap_servers']}")
+    c.print(f"bootstrap servers: {state['bootstrap_servers']}", soft_wrap=True)
+    settings = state.get("client_settings")
+    if settings:
+        c.print(f"client settings (also in {state['cluster_dir']}/client.properties):",
+                soft_wrap=True)  # fmt: skip
+        for key, value in settings.items():
+            c.print(f"  {key}={value}", soft_wrap=True, highlight=False)
     if detached:
         c.print("running in the background; `localcluster status`, `localcluster down`")
     else:

@@ -244,13 +244,15 @@ def test_no_cluster_and_stale_pid_files(tmp_path):
 def test_a_broker_that_cannot_start_fails_up_in_one_line(tmp_path):
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     c = Cli(tmp_path / "cluster")
-    try:
-        line = one_line_error(c.run("up", "-n", "2", "--detach", "--set", f"port={port}"))
-        assert "exited while starting" in line and "Address already in use" in line
-        assert c.live_pids() == {}
-    finally:
-        c.teardown()
+    with socket.socket() as taken:  # another process holds broker 0's port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        try:
+            line = one_line_error(c.run("up", "-n", "2", "--detach", "--port-base", str(port)))
+            assert "exited while starting" in line and "Address already in use" in line
+            assert f"PLAINTEXT://127.0.0.1:{port}" in line, line
+            assert c.live_pids() == {}
+        finally:
+            c.teardown()
