@@ -3,7 +3,9 @@
 Used by the test session (tests/zookeeper.py) and bench.coord to run the real backend: a
 ZooKeeperServerMain JVM with its own config, data directory and free client port, the admin
 server off, stopped by its pid. Rules: never touches the system's ZooKeeper configuration or
-service; every file it writes is under the given work directory.
+service; every file it writes is under the given work directory. `host` is the address it binds
+and reports (127.0.0.1 by default); `command_prefix` runs the JVM under another command, e.g.
+`ip netns exec NS` to put it in a network namespace (tests/netns.py), and `port` fixes its port.
 """
 
 from __future__ import annotations
@@ -49,34 +51,39 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def four_letter_word(port: int, word: str = "ruok", timeout_s: float = 1.0) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as connection:
+def four_letter_word(port: int, word: str = "ruok", timeout_s: float = 1.0,
+                     host: str = "127.0.0.1") -> str:  # fmt: skip
+    with socket.create_connection((host, port), timeout=timeout_s) as connection:
         connection.sendall(word.encode())
         return connection.recv(4096).decode(errors="replace")
 
 
 class ZooKeeperServer:
-    def __init__(self, work_dir: str, tick_time_ms: int = 500, force_sync: bool = False):
+    def __init__(self, work_dir: str, tick_time_ms: int = 500, force_sync: bool = False, *,
+                 host: str = "127.0.0.1", port: int = 0, command_prefix: tuple[str, ...] = ()):  # fmt: skip
         self.work_dir = work_dir
         self.tick_time_ms = tick_time_ms  # sessions may be 2..20 ticks: 1 s..10 s here
         self.force_sync = force_sync
-        self.port = 0
+        self.host = host
+        self.fixed_port = port  # 0: a free port of this namespace's loopback, probed per attempt
+        self.command_prefix = tuple(command_prefix)
+        self.port = port
         self.process: subprocess.Popen | None = None
 
     @property
     def spec(self) -> str:
-        return f"zookeeper://127.0.0.1:{self.port}"
+        return f"zookeeper://{self.host}:{self.port}"
 
     @property
     def hosts(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 60.0, attempts: int = 3) -> ZooKeeperServer:
         problem = installation_problem()
         if problem:
             raise ZooKeeperUnavailable(problem)
         for _attempt in range(attempts):  # a free port can be taken between probe and bind
-            self.port = free_port()
+            self.port = self.fixed_port or free_port()
             self._launch()
             if self._wait_ready(timeout_s):
                 return self
@@ -93,12 +100,12 @@ class ZooKeeperServer:
         with open(config, "w") as f:
             f.write(
                 f"tickTime={self.tick_time_ms}\ndataDir={data_dir}\nclientPort={self.port}\n"
-                "clientPortAddress=127.0.0.1\nadmin.enableServer=false\nmaxClientCnxns=0\n"
+                f"clientPortAddress={self.host}\nadmin.enableServer=false\nmaxClientCnxns=0\n"
                 f"forceSync={'yes' if self.force_sync else 'no'}\n"
                 "4lw.commands.whitelist=ruok,srvr,mntr\n"
             )
         command = [
-            _java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            *self.command_prefix, _java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
             "-Dzookeeper.admin.enableServer=false", f"-Dzookeeper.log.dir={self.work_dir}",
             "-cp", ZOOKEEPER_JAR, MAIN_CLASS, config,
         ]  # fmt: skip
@@ -114,7 +121,7 @@ class ZooKeeperServer:
             if self.process.poll() is not None:
                 return False
             with contextlib.suppress(OSError):
-                if four_letter_word(self.port) == "imok":
+                if four_letter_word(self.port, host=self.host) == "imok":
                     return True
             time.sleep(0.05)  # polling a socket that is not listening yet
         return False
