@@ -62,6 +62,7 @@ class KafkaApis:
             ApiKey.STOP_REPLICA: self.handle_stop_replica,
             ApiKey.UPDATE_METADATA: self.handle_update_metadata,
             ApiKey.CONTROLLED_SHUTDOWN: self.handle_controlled_shutdown,
+            ApiKey.INIT_PRODUCER_ID: self.handle_init_producer_id,
             ApiKey.SASL_HANDSHAKE: self.handle_sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.handle_sasl_authenticate,
         }
@@ -75,6 +76,7 @@ class KafkaApis:
                     CLUSTER_AUTHORIZATION_FAILED, [])),
         }  # fmt: skip
         self.controller = None  # KafkaController, set by the server
+        self.producer_ids = None  # ProducerIdManager, set by the server
 
     async def handle(self, frame: memoryview, context: ConnectionContext) -> list | None:
         if (
@@ -302,6 +304,31 @@ class KafkaApis:
             )
         error, remaining = result
         return controller_requests.write_controlled_shutdown_response(error, remaining)
+
+    # -- InitProducerId ---------------------------------------------------------------------
+
+    async def handle_init_producer_id(self, header: RequestHeader, reader: Reader,
+                                      context: ConnectionContext) -> bytes:  # fmt: skip
+        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
+                                          reader.pos)  # fmt: skip
+        if request.transactional_id is not None:
+            log.warning("InitProducerId with transactional id %r from %s refused: transactions "
+                        "do not exist here (idempotence does: leave transactional.id unset)",
+                        request.transactional_id, context.describe())  # fmt: skip
+            return self._init_producer_id_response(header, ErrorCode.invalid_request, -1, -1)
+        try:
+            producer_id = await self.producer_ids.generate_producer_id()
+        except Exception as e:  # the store is unreachable or the block znode is corrupt
+            log.warning("InitProducerId: no producer id for %s: %s", context.describe(), e)
+            return self._init_producer_id_response(
+                header, ErrorCode.coordinator_not_available, -1, -1)  # fmt: skip
+        return self._init_producer_id_response(header, 0, producer_id, 0)
+
+    @staticmethod
+    def _init_producer_id_response(header, error, producer_id: int, epoch: int) -> bytes:
+        return messages.encode_response(header.api_key, header.api_version, {
+            "throttle_time": 0, "error_code": error, "producer_id": producer_id,
+            "producer_epoch": epoch})  # fmt: skip
 
     # -- CreateTopics -------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from localcluster.broker.network import (
     tcp_listen,
     unix_listen,
 )
+from localcluster.broker.producer_ids import ProducerIdManager
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.sasl_authenticator import (
@@ -212,6 +213,7 @@ class BrokerServer:
         sasl = SaslAuthenticator(c.enabled_mechanisms, self.credentials,
                                  store_scram_lookup(self.metadata.zk))  # fmt: skip
         apis = KafkaApis(self.replica_manager, self.metadata, Authorizer(c.super_user_names), sasl)
+        apis.producer_ids = ProducerIdManager(c.broker_id, lambda: self.coord)
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(
             self.metadata.update_isr, update

@@ -30,6 +30,7 @@ class ApiKey(enum.IntEnum):
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
+    INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     SASL_AUTHENTICATE = 36
 
@@ -52,6 +53,7 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.API_VERSIONS: VersionRange(0, 3, 3),
     ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
+    ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),
     ApiKey.SASL_HANDSHAKE: VersionRange(0, 1, 1 << 15),
     ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2, 2),
     # The ZK-era controller APIs, version 0 of our own layouts (controller_requests.py).
