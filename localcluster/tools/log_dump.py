@@ -19,7 +19,9 @@ from localcluster.storage.segment import SUFFIX
 
 
 def dump(directory: Path, show_records: bool = False, limit: int = 50) -> int:
-    console = Console()
+    from localcluster.tools.cluster_view import console as shared_console
+
+    console = shared_console()
     segments = sorted(p for p in directory.glob("*" + SUFFIX) if p.stem.isdigit())
     if not segments:
         console.print(f"[red]{directory} holds no segment files (*.log): is it a partition log "
@@ -36,11 +38,20 @@ def dump(directory: Path, show_records: bool = False, limit: int = 50) -> int:
     return status
 
 
+def _producer_columns(header: rb.BatchHeader) -> tuple[str, str, str]:
+    """Producer id, epoch and first-last sequence of an idempotent batch; dashes otherwise."""
+    if header.producer_id == rb.NO_PRODUCER_ID:
+        return "-", "-", "-"
+    last = (header.base_sequence + header.last_offset_delta) % (2**31)
+    return str(header.producer_id), str(header.producer_epoch), f"{header.base_sequence}-{last}"
+
+
 def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) -> int:
     size = path.stat().st_size
     table = Table(title=f"{path.name} ({size} bytes on disk)", title_justify="left")
     for column in ("base offset", "last offset", "count", "position", "size", "epoch",
-                   "max timestamp", "compression"):  # fmt: skip
+                   "max timestamp", "compression", "producer id", "producer epoch",
+                   "sequences"):  # fmt: skip
         table.add_column(column, justify="right")
     if size == 0:
         console.print(table)
@@ -57,7 +68,8 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) 
                 table.add_row(str(header.base_offset), str(header.last_offset),
                               str(header.records_count), str(position), str(header.size),
                               str(header.partition_leader_epoch), str(header.max_timestamp),
-                              rb.COMPRESSION_NAMES.get(header.compression, "?"))  # fmt: skip
+                              rb.COMPRESSION_NAMES.get(header.compression, "?"),
+                              *_producer_columns(header))  # fmt: skip
                 if show_records and not header.compression:
                     with memoryview(mm)[position : position + header.size] as batch:
                         for record in rb.iter_records(batch):
