@@ -231,6 +231,33 @@ def check_replicas(cluster_dir: Path, spec, topic: str, partition: int, leader: 
     return problems
 
 
+def check_sequences(headers: list[rb.BatchHeader]) -> list[str]:
+    """An idempotent producer's batches in a log: per producer id, sequences contiguous within
+    an epoch (Int.MaxValue wraps to 0), a new epoch starting at 0, and no batch twice."""
+    problems: list[str] = []
+    last: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last sequence)
+    seen: set[tuple[int, int, int]] = set()
+    for h in headers:
+        if h.producer_id == rb.NO_PRODUCER_ID:
+            continue
+        key = (h.producer_id, h.producer_epoch, h.base_sequence)
+        if key in seen:
+            problems.append(f"offset {h.base_offset}: producer {h.producer_id} epoch "
+                            f"{h.producer_epoch} sequence {h.base_sequence} is in the log twice")  # fmt: skip
+        seen.add(key)
+        previous = last.get(h.producer_id)
+        if previous is not None:
+            epoch, sequence = previous
+            expected = 0 if h.producer_epoch != epoch else (sequence + 1) % (2**31)
+            if h.base_sequence != expected:
+                problems.append(f"offset {h.base_offset}: producer {h.producer_id} epoch "
+                                f"{h.producer_epoch} sequence {h.base_sequence} follows "
+                                f"{sequence} (epoch {epoch}); expected {expected}")  # fmt: skip
+        last[h.producer_id] = (h.producer_epoch,
+                               (h.base_sequence + h.last_offset_delta) % (2**31))  # fmt: skip
+    return problems
+
+
 def check_epochs(events: list[LogEvent]) -> list[str]:
     """No two brokers led one partition in one leader epoch."""
     leaders = defaultdict(set)
@@ -326,6 +353,9 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
         if state is not None and state.leader >= 0:
             problems += [f"{topic}-{p}: {x}" for x in check_replicas(
                 cluster_dir, spec, topic, p, state.leader, assignment.partitions[p], hw)]  # fmt: skip
+            leader_log = partition_dir(cluster_dir, spec, state.leader, topic, p)
+            committed = [h for h, _ in log_batches(leader_log) if h.base_offset < hw]
+            problems += [f"{topic}-{p}: {x}" for x in check_sequences(committed)]
         for offset, value in records:
             parsed = parse_value(value)
             if parsed is None:
