@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
+from localcluster.tools.cluster_view import console as shared_console
 
-console = Console(highlight=False)
+console = shared_console()
 TOPIC = "demo"
 RECORDS = 1000
 
@@ -43,7 +43,9 @@ def run(*args: str, input: str | None = None, show: bool = True, shown_input: st
     console.print(
         f"[bold]$ {shown_input + ' | ' if shown_input else ''}{command}[/]", soft_wrap=True
     )
-    env = {**os.environ, "COLUMNS": str(max(console.width - 2, 60))}  # tables fit, indented
+    env = dict(os.environ)
+    if console.is_terminal:  # tables fit the terminal, indented; elsewhere: natural width
+        env["COLUMNS"] = str(max(console.width - 2, 60))
     result = subprocess.run([sys.executable, "-m", "localcluster", *args], input=input,
                             capture_output=True, text=True, timeout=timeout_s, env=env)  # fmt: skip
     if show:

@@ -17,16 +17,21 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-_console: Console | None = None
+_consoles: dict[bool, Console] = {}
+# Without a terminal (a pipe, a log file) tables render at their natural width and lines are
+# never wrapped: nothing a user copies (an address, a setting) may be cut or split.
+NATURAL_WIDTH = 100_000
 
 
-def console() -> Console:
-    global _console
-    if _console is None:
-        _console = Console(highlight=False)
-        if not _console.is_terminal and "COLUMNS" not in os.environ:
-            _console = Console(highlight=False, width=160)  # pipes and logs: no 80-column wrap
-    return _console
+def console(stderr: bool = False) -> Console:
+    """The one console of the CLI's output: the terminal's width, or natural width elsewhere
+    (COLUMNS, when set, wins, as rich's own rule)."""
+    if stderr not in _consoles:
+        made = Console(highlight=False, stderr=stderr)
+        if not made.is_terminal and "COLUMNS" not in os.environ:
+            made = Console(highlight=False, stderr=stderr, width=NATURAL_WIDTH)
+        _consoles[stderr] = made
+    return _consoles[stderr]
 
 
 def _ids(values) -> str:

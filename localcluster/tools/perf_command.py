@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from localcluster.tools.cluster_view import console as shared_console
 from localcluster.tools.perf import CLIENTS, TARGETS, e2e, failover, produce
 
 ACKS = ("all", "-1", "1", "0")
@@ -79,7 +80,6 @@ def perf() -> None:
 @contextlib.contextmanager
 def _progress(description: str, total: int, enabled: bool):
     """A rich progress bar on stderr (only on a terminal); yields the update callable."""
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -94,7 +94,7 @@ def _progress(description: str, total: int, enabled: bool):
         def render(self, task) -> Text:
             return Text(f"{task.speed or 0:>9,.0f} records/s")
 
-    console = Console(stderr=True)
+    console = shared_console(stderr=True)
     if not enabled or not console.is_terminal:
         yield None
         return

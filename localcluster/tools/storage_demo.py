@@ -22,6 +22,7 @@ from rich.table import Table
 
 from localcluster.storage import BatchSpec, Log, LogConfig, Record, encode_batch, iter_batches
 from localcluster.storage import record_batch as rb
+from localcluster.tools.cluster_view import console as shared_console
 
 RECORD_BYTES = 100
 RECORDS_PER_BATCH = 100
@@ -48,7 +49,7 @@ def _sequences(log: Log) -> list[int]:
 
 
 def run_demo(records: int, kills: int, directory: Path | None = None) -> int:
-    console = Console()
+    console = shared_console()
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="localcluster-demo-", dir=base) as tmp:
         root = directory or Path(tmp)
