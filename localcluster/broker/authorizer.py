@@ -27,13 +27,14 @@ TOPIC_AUTHORIZATION_FAILED = 29
 # Requests that only a broker or the controller sends, whatever their body says.
 BROKER_ONLY_APIS = frozenset({ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA,
                               ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN})  # fmt: skip
-REFUSAL_LOG_INTERVAL_S = 10.0  # one line per peer and API per interval: a flood stays readable
+# One line per principal, peer host and API per interval: a flood stays readable.
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 class Authorizer:
     def __init__(self, super_users: frozenset[str]):
         self.super_users = super_users
-        self._last_logged: dict[tuple[str, int], float] = {}
+        self._last_logged: dict[tuple[str, str, int], float] = {}
 
     def may_cluster_action(self, context: ConnectionContext) -> bool:
         if context.listener.is_unix:
@@ -42,7 +43,7 @@ class Authorizer:
 
     def refused(self, context: ConnectionContext, api_key: int, what: str = "") -> None:
         """Log a refusal (rate-limited per peer and API) naming who tried what."""
-        key = (context.peer.rsplit(":", 1)[0], int(api_key))
+        key = (context.principal, context.peer.rsplit(":", 1)[0], int(api_key))
         now = time.monotonic()
         if now - self._last_logged.get(key, -REFUSAL_LOG_INTERVAL_S) < REFUSAL_LOG_INTERVAL_S:
             return

@@ -50,6 +50,8 @@ class BrokerConfig:
     # credential (username/password) and PLAIN's users (user_<name>="password").
     java_security_auth_login_config: str | None = _prop("java.security.auth.login.config", None)
     super_users: str = _prop("super.users", "", "User:<name> entries separated by ';'")
+    connection_failed_authentication_delay_ms: int = _prop(
+        "connection.failed.authentication.delay.ms", 100)  # fmt: skip
     zookeeper_connect: str | None = _prop("zookeeper.connect", None,
                                           "host:port[,host:port][/chroot] of a real ZooKeeper")  # fmt: skip
     log_dirs: str | None = _prop("log.dirs", None, "default: /dev/shm/localcluster-<id>/broker-N")

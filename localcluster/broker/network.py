@@ -50,7 +50,8 @@ class ConnectionContext:
     peer: str
     principal: str = ANONYMOUS
     authenticated: bool = False  # SASL done (or not needed: PLAINTEXT, the Unix socket)
-    close_after_response: bool = False
+    close_after_response: str | bool = False  # why, when the handler wants the connection closed
+    close_delay_s: float = 0.0  # wait before closing (after a failed authentication)
     sasl: object | None = field(default=None, repr=False)  # the SASL exchange in progress
 
     @property
@@ -195,6 +196,10 @@ async def serve_connection(
                 await send_parts(loop, sock, parts)
             if context.close_after_response:
                 log.info("closing connection from %s: %s", peer, context.close_after_response)
+                if context.close_delay_s:
+                    # Kafka's connection.failed.authentication.delay.ms: the client reads the
+                    # refusal before the close, and a retry loop is slowed down.
+                    await asyncio.sleep(context.close_delay_s)
                 return
     except (FrameError, MalformedRequestError) as e:
         log.warning("closing connection from %s: %s", peer, e)

@@ -113,7 +113,8 @@ def store_scram_lookup(zk) -> ScramLookup:
 
 class SaslAuthenticator:
     def __init__(self, enabled_mechanisms: tuple[str, ...], credentials: ServerCredentials,
-                 scram_lookup: ScramLookup):  # fmt: skip
+                 scram_lookup: ScramLookup, failed_authentication_delay_ms: int = 100):  # fmt: skip
+        self.failed_authentication_delay_s = failed_authentication_delay_ms / 1000
         self.enabled_mechanisms = enabled_mechanisms
         self.credentials = credentials
         self.scram_lookup = scram_lookup
@@ -200,6 +201,7 @@ class SaslAuthenticator:
             challenge = await asyncio.to_thread(exchange.server.evaluate, token)
         except sasl.SaslAuthenticationError as e:
             context.close_after_response = f"SASL {exchange.mechanism} authentication failed: {e}"
+            context.close_delay_s = self.failed_authentication_delay_s
             log.warning("SASL %s authentication from %s on listener %s failed: %s",
                         exchange.mechanism, context.peer, context.listener.name,
                         getattr(e, "reason", None) or e)  # fmt: skip

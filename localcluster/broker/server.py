@@ -211,7 +211,8 @@ class BrokerServer:
             c.inter_broker_unix_socket_enable, self.inter_broker_security, self.metadata.zk.broker)  # fmt: skip
         self.connector = connector
         sasl = SaslAuthenticator(c.enabled_mechanisms, self.credentials,
-                                 store_scram_lookup(self.metadata.zk))  # fmt: skip
+                                 store_scram_lookup(self.metadata.zk),
+                                 c.connection_failed_authentication_delay_ms)  # fmt: skip
         apis = KafkaApis(self.replica_manager, self.metadata, Authorizer(c.super_user_names), sasl)
         apis.producer_ids = ProducerIdManager(c.broker_id, lambda: self.coord)
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)

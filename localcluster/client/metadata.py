@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kio.schema.errors import ErrorCode
+
 from localcluster.client.connection import (
     DEFAULT_CLIENT_ID,
     PLAINTEXT_SECURITY,
@@ -251,6 +253,8 @@ class Cluster:
             try:
                 return await self._connect(key, address)
             except KafkaError as e:
+                if e.code == ErrorCode.sasl_authentication_failed:
+                    raise  # a refused login is not a missing broker: say so, do not retry
                 errors.append(str(e))
         if self.cluster_dir is not None:
             await self._read_cluster_dir()  # brokers may have come back on other ports
