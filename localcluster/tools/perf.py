@@ -44,6 +44,7 @@ from localcluster import cluster
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 HISTOGRAM_MAX_US = 3_600_000_000  # one hour: anything longer is clamped (and the run is broken)
 FLUSH_TIMEOUT_S = 120.0
+STOPPED_FLUSH_TIMEOUT_S = 1.0
 E2E_DRAIN_TIMEOUT_S = 30.0
 FAILOVER_WINDOW_TIMEOUT_S = 60.0
 RECOVER_TIMEOUT_S = 90.0
@@ -303,31 +304,61 @@ def run_confluent(load: Load, target: Target, config: dict) -> None:
         value = load.make_value(sequence)
         sent_ns = time.perf_counter_ns()
         callback = functools.partial(delivered, sequence, sent_ns)
-        while True:
+        while not load.stop.is_set():
             try:
                 producer.produce(load.topic, value, on_delivery=callback, **extra)
+                load.sent += 1
                 break
             except BufferError:  # librdkafka's queue is full: serve callbacks, then retry
                 producer.poll(0.005)
-        load.sent += 1
         if sequence % 64 == 0:
             producer.poll(0)
-    producer.flush(FLUSH_TIMEOUT_S)
+    # A stopped run (Ctrl-C, the cluster gone) does not wait out the flush timeout.
+    producer.flush(STOPPED_FLUSH_TIMEOUT_S if load.stop.is_set() else FLUSH_TIMEOUT_S)
+
+
+CLUSTER_GONE_AFTER_S = 5.0  # no broker of the cluster alive this long: the run is over
+
+
+class ClusterWatch:
+    """Notices that the cluster a run drives went away (`down`, `down --purge`, every broker
+    dead): a perf run must end with one line then, not wait out a delivery timeout."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.since_alive = time.monotonic()
+
+    def problem(self) -> str | None:
+        directory = self.target.cluster_dir
+        if not cluster.spec_path(directory).exists():
+            return (f"the cluster in {directory} is gone (its {cluster.SPEC_FILE} was removed, "
+                    "e.g. by `localcluster down --purge`); stopping")  # fmt: skip
+        if cluster.live_brokers(directory, self.target.spec):
+            self.since_alive = time.monotonic()
+        elif time.monotonic() - self.since_alive > CLUSTER_GONE_AFTER_S:
+            return (f"no broker of the cluster in {directory} has run for "
+                    f"{CLUSTER_GONE_AFTER_S:.0f} s (`localcluster down`?); stopping")  # fmt: skip
+        return None
 
 
 async def drive(
     load: Load, target: Target, client: str, config: dict, progress: Progress | None
 ) -> None:
-    """Run `load` with the chosen client while reporting progress every 100 ms."""
+    """Run `load` with the chosen client while reporting progress every 100 ms; give up with
+    a ClusterError when the cluster goes away."""
     if client == "own":
         task = asyncio.ensure_future(run_own(load, target, config))
     else:
         task = asyncio.ensure_future(asyncio.to_thread(run_confluent, load, target, config))
+    watch = ClusterWatch(target)
     try:
         while not task.done():
             if progress is not None:
                 progress(load.completed)
             await asyncio.wait({task}, timeout=0.1)
+            gone = watch.problem()
+            if gone is not None:
+                raise cluster.ClusterError(gone)
         await task
     finally:
         load.stop.set()

@@ -144,3 +144,28 @@ def test_bad_input(tmp_path):
         result = perf(*args, "--dir", str(tmp_path / "none"))
         assert result.returncode == 2, (args, result.stderr)
         assert hint in one_line_error(result), (args, result.stderr)
+
+
+@pytest.mark.parametrize("client", ["own", "confluent"])
+def test_a_run_ends_in_one_line_when_its_cluster_is_purged(tmp_path, client):
+    c = Cli(tmp_path / "cluster")
+    try:
+        c.run("up", "-n", "2", "--detach", check=True)
+        run = subprocess.Popen([sys.executable, "-m", "localcluster.tools.perf_command", "produce",
+                                "--topic", "gone", "--num-records", "100000000", "--record-size",
+                                "100", "--throughput", "2000", "--client", client,
+                                "--dir", str(c.cluster_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            wait_until(lambda: c.status()["partitions"], timeout_s=60, message="the topic exists")
+            c.run("down", "--purge", "--timeout", "5", check=True)
+            _, stderr = run.communicate(timeout=60)  # the run must end by itself
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        assert run.returncode == 1, stderr
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert "Traceback" not in stderr and "is gone" in lines[-1], stderr
+    finally:
+        c.teardown()
