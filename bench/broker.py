@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import sys
@@ -56,15 +57,65 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Brokers are localcluster.broker.process.BrokerProcess, the same class the tests use.
 
 
+# Listeners (Kafka's settings) for the transport rows of bench.commit. PLAINTEXT stays the first
+# listener, so a broker's "ready on" line, `Cluster.bootstrap` and the admin helpers below keep
+# using it; the SASL listeners come after it and are found in the brokers' registrations.
+SASL_CLIENT_LISTENER = "SASL_PLAINTEXT"
+BROKER_LISTENER = "BROKER"
+# PLAIN's users: the broker's own credential (inter-broker) and one client's.
+JAAS_TEXT = """KafkaServer {
+  org.apache.kafka.common.security.plain.PlainLoginModule required
+    username="broker" password="broker-secret" user_broker="broker-secret" user_client="client-secret";
+};
+"""
+CLIENT_SASL = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+               "sasl.username": "client", "sasl.password": "client-secret"}  # fmt: skip
+REPLICATION_PATHS = ("unix", "tcp")
+ROUTE = re.compile(r"broker (\d+) reaches broker (\d+) over (\S+) (.*)$")
+
+
+def listener_settings(jaas_path: Path, replication: str, sasl_clients: bool) -> dict[str, str]:
+    """Broker settings for replication over the Unix sockets ("unix", the default on one host)
+    or over TCP loopback with SASL PLAIN ("tcp": ours refuses a PLAINTEXT inter-broker
+    listener), with or without a SASL_PLAINTEXT client listener beside PLAINTEXT."""
+    assert replication in REPLICATION_PATHS, replication
+    listeners = ["PLAINTEXT://127.0.0.1:0"]
+    protocols = ["PLAINTEXT:PLAINTEXT"]
+    if sasl_clients:
+        listeners.append(f"{SASL_CLIENT_LISTENER}://127.0.0.1:0")
+        protocols.append(f"{SASL_CLIENT_LISTENER}:SASL_PLAINTEXT")
+    out: dict[str, str] = {}
+    if replication == "tcp":
+        listeners.append(f"{BROKER_LISTENER}://127.0.0.1:0")
+        protocols.append(f"{BROKER_LISTENER}:SASL_PLAINTEXT")
+        out |= {"inter.broker.listener.name": BROKER_LISTENER,
+                "inter.broker.unix.socket.enable": "false",
+                "sasl.mechanism.inter.broker.protocol": "PLAIN"}  # fmt: skip
+    if replication == "tcp" or sasl_clients:
+        out |= {"listeners": ",".join(listeners),
+                "listener.security.protocol.map": ",".join(protocols),
+                "java.security.auth.login.config": str(jaas_path), "super.users": "User:broker"}  # fmt: skip
+    return out
+
+
 class Cluster:
     """Brokers in a temporary cluster dir (on disk) with data dirs on a temporary /dev/shm dir.
 
-    `close()` kills every broker by process group and removes both directories.
+    `replication="tcp"` makes the brokers replicate over TCP loopback with SASL PLAIN instead of
+    their Unix sockets; `sasl_clients=True` adds a SASL_PLAINTEXT client listener (connect with
+    `client_bootstrap(SASL_CLIENT_LISTENER)` and CLIENT_SASL). The JAAS file they need is
+    written into the cluster dir. `close()` kills every broker by process group and removes
+    both directories.
     """
 
-    def __init__(self, settings: dict[str, str] | None = None, data_root: str = "/dev/shm"):
-        self.settings = dict(settings or {})
+    def __init__(self, settings: dict[str, str] | None = None, data_root: str = "/dev/shm",
+                 replication: str = "unix", sasl_clients: bool = False):  # fmt: skip
         self.cluster_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+        self.replication = replication
+        self.settings = listener_settings(self.cluster_dir / "jaas.conf", replication, sasl_clients)
+        if self.settings:
+            (self.cluster_dir / "jaas.conf").write_text(JAAS_TEXT)
+        self.settings |= dict(settings or {})
         self.data_root = Path(tempfile.mkdtemp(prefix="bench-data-", dir=data_root))
         self.brokers: dict[int, BrokerProcess] = {}
         self._zk = None
@@ -80,7 +131,33 @@ class Cluster:
 
     @property
     def bootstrap(self) -> str:
+        """The live brokers' PLAINTEXT listeners (the first, named by "ready on")."""
         return ",".join(b.bootstrap for b in self.brokers.values() if b.is_alive())
+
+    def client_bootstrap(self, listener: str) -> str:
+        """The live brokers' `listener` endpoints, from their registrations in the store."""
+        found = []
+        for broker_id, broker in self.brokers.items():
+            registration = self.zk().broker(broker_id) if broker.is_alive() else None
+            endpoint = registration.endpoint(listener) if registration else None
+            if endpoint is not None:
+                found.append(f"{endpoint.host}:{endpoint.port}")
+        if not found:
+            raise RuntimeError(f"no live broker advertises a {listener} listener")
+        return ",".join(found)
+
+    def routes(self) -> list[tuple[int, int, str, str]]:
+        """How each broker reached each other (controller requests and follower fetches alike),
+        from the brokers' "broker N reaches broker M over ..." log lines: (from, to, "unix" or
+        "tcp", the rest of the line), in log order; a broker logs a route when it changes."""
+        out = []
+        for broker in self.brokers.values():
+            for line in list(broker.output):
+                match = ROUTE.search(line.rstrip())
+                if match:
+                    out.append((int(match.group(1)), int(match.group(2)), match.group(3),
+                                match.group(4)))  # fmt: skip
+        return out
 
     def zk(self):
         """A KafkaZkClient on the cluster's store (one coordination session, kept)."""

@@ -19,12 +19,19 @@ What is measured, in one run:
   sender waiting; full speed: the send_batch call) to its acknowledgement, in an
   HdrHistogram per process, merged. records/s counts acknowledged records over the timed
   window (first send to last acknowledgement).
+- first, untimed: WARM_UP_S of acks=all on each fresh cluster (without it the runs after the
+  first timed one measured 12-51% above it in 5 of 6 quick runs, whatever their transport).
+- transports (issue 13), each an acks=all full-speed run beside the one above, with its ratio
+  to it: replication over TCP loopback with SASL PLAIN (a second cluster of 3 brokers with
+  `inter.broker.listener.name` BROKER and `inter.broker.unix.socket.enable=false`, measured right
+  after the Unix-socket run; the brokers' "reaches broker" log lines prove the route), and
+  clients over SASL_PLAINTEXT (the load on the same brokers' SASL_PLAINTEXT listener).
 - CPU: each broker's CPU seconds from /proc/<pid>/stat over the timed window, and each load
   process's own (os.times), shown in cores (1.00 = one core busy all the time).
 
-Goals (issue 5), printed with pass/miss and not asserted: >= 1,000,000 records/s at acks=all;
-p99 <= 5 ms at half that rate. Brokers, load processes and the raw chain all share this
-machine's cores (the table note says how many); every process started is killed by process
+Goals, printed with pass/miss and not asserted: >= 1,000,000 records/s at acks=all and p99 <= 5
+ms at half that rate (issue 5); replication over TCP >= 80% of the Unix-socket figure (issue
+13). Brokers, load processes and the raw chain all share this machine's cores (the table note says how many); every process started is killed by process
 group at the end and every temporary directory is removed, also on Ctrl-C/SIGTERM.
 """
 
@@ -45,7 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.broker import (
+    CLIENT_SASL,
     RECORD_VALUE_BYTES,
+    SASL_CLIENT_LISTENER,
     Cluster,
     _cpu,
     build_batch,
@@ -61,6 +70,8 @@ from bench.plots import percentile_spectrum
 MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
 GOAL_P99_MS = 5.0
+WARM_UP_S = 1.0  # an untimed acks=all run on each fresh cluster first (see bench/README.md)
+GOAL_TCP_RATIO = 0.8  # issue 13: replication over TCP vs the Unix sockets
 TOPIC = "bench-commit"
 BROKERS = (0, 1, 2)
 PERCENTILES = (50.0, 99.0, 99.9)
@@ -218,6 +229,61 @@ def plot(runs: list[dict], path: Path, title: str) -> Path | None:
                                "produce latency (ms)", GOAL_P99_MS, f"goal p99 {GOAL_P99_MS:g} ms (half rate)")  # fmt: skip
 
 
+def start_cluster(cluster: Cluster, partitions: int) -> dict[int, int]:
+    """Three brokers, the topic (RF 3, min.insync.replicas 2) with full ISRs; its leaders."""
+    cluster.start(BROKERS)
+    create_topic(cluster.bootstrap, TOPIC, partitions, 3, {"min.insync.replicas": "2"})
+    cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
+                                   for p in range(partitions)), 30, "full ISRs")  # fmt: skip
+    return {p: cluster.partition_state(TOPIC, p).leader for p in range(partitions)}
+
+
+def replication_routes(cluster: Cluster) -> dict:
+    """Which path each broker took to each other broker (its "reaches broker" log lines; a
+    broker's requests to itself as controller are left out) and whether every one went the
+    cluster's way (cluster.replication: "unix" or "tcp")."""
+    routes = [r for r in cluster.routes() if r[0] != r[1]]
+    pairs = {(a, b) for a in BROKERS for b in BROKERS if a != b}
+    seen = {(a, b) for a, b, _, _ in routes}
+    wrong = [
+        f"{a}->{b} over {how} {rest}" for a, b, how, rest in routes if how != cluster.replication
+    ]
+    return {"expected": cluster.replication, "routes": [list(r) for r in routes],
+            "missing": sorted(f"{a}->{b}" for a, b in pairs - seen), "wrong": wrong,
+            "ok": not wrong and seen >= pairs}  # fmt: skip
+
+
+def cores(run: dict) -> tuple[str, str, str]:
+    """(brokers, load, machine) CPU in cores over the run's timed window."""
+    brokers = sum(v or 0 for v in run["other_cores"].values())
+    return (
+        f"{brokers:.2f}",
+        f"{sum(run['load_cores'].values()):.2f}",
+        f"{run['machine_busy_cores']:.2f}",
+    )
+
+
+def broker_cpu_us_per_record(run: dict) -> float | None:
+    """The three brokers' CPU per acknowledged record (µs): how the paths compare in cost,
+    less sensitive to other people's work than records/s."""
+    if not run["records"]:
+        return None
+    brokers = sum(v or 0 for v in run["other_cores"].values())
+    return brokers * run["seconds"] / run["records"] * 1e6
+
+
+def transport_rows(base: dict, others: list[dict]) -> list[dict]:
+    """The transport runs beside the Unix-socket/PLAINTEXT acks=all run: ratios for the JSON."""
+    out = []
+    for run in [base, *others]:
+        out.append({"label": run["label"], "records_per_s": run["records_per_s"],
+                    "ratio": run["records_per_s"] / base["records_per_s"] if base["records_per_s"] else None,
+                    "p50_ms": run["latency_ms"]["p50"], "p99_ms": run["latency_ms"]["p99"],
+                    "brokers_cores": sum(v or 0 for v in run["other_cores"].values()),
+                    "broker_cpu_us_per_record": broker_cpu_us_per_record(run)})  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.commit", description=__doc__.split("\n")[0]
@@ -251,51 +317,65 @@ def main(argv: list[str] | None = None) -> int:
     raw = raw_three_copy(batch, batch_records, scale.raw_bytes)  # before any broker runs
     raw["records_per_s"] = raw["records"] / raw["seconds"]
     raw["mb_per_s"] = raw["records"] * RECORD_VALUE_BYTES / raw["seconds"] / MB
-    cluster = Cluster(
-        {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false"}
-    )
+    settings = {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false"}
+    # The Unix-socket cluster also has a SASL_PLAINTEXT client listener, so the SASL clients'
+    # row runs on the very brokers, topic and leaders of the PLAINTEXT row. Replication over
+    # TCP is a broker setting: a second cluster, idle (brokers long-polling) except in its run.
+    cluster = Cluster(settings, sasl_clients=True)
+    tcp_cluster = Cluster(settings, replication="tcp")
     pool = LoadPool(args.producers)
+    warm_up: list[dict] = []
     try:
         pool.start()
-        cluster.start(BROKERS)
-        create_topic(cluster.bootstrap, TOPIC, args.partitions, 3, {"min.insync.replicas": "2"})
-        cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
-                                       for p in range(args.partitions)), 30, "full ISRs")  # fmt: skip
-        leaders = {p: cluster.partition_state(TOPIC, p).leader for p in range(args.partitions)}
-        common = dict(client="own", bootstrap=cluster.bootstrap, topic=TOPIC,
-                      partitions=list(range(args.partitions)), record_size=RECORD_VALUE_BYTES,
-                      seconds=run_s, outstanding=args.outstanding,
-                      cpu_of={f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()})  # fmt: skip
+        leaders = start_cluster(cluster, args.partitions)
+        tcp_leaders = start_cluster(tcp_cluster, args.partitions)
+
+        def job(on: Cluster, bootstrap: str | None = None, **extra) -> dict:
+            return dict(client="own", bootstrap=bootstrap or on.bootstrap, topic=TOPIC,
+                        partitions=list(range(args.partitions)), record_size=RECORD_VALUE_BYTES,
+                        seconds=run_s, outstanding=args.outstanding,
+                        cpu_of={f"broker {b.broker_id}": b.pid for b in on.brokers.values()}, **extra)  # fmt: skip
+
+        def settle(on: Cluster) -> None:
+            settled_end_offsets(
+                bootstrap=on.bootstrap, topic=TOPIC, partitions=args.partitions, timeout_s=120
+            )
+
         # acks=1 last: its followers end seconds behind, and a run after it would measure
-        # their catching up; every run starts once the high watermarks stopped moving.
-        settle = dict(
-            bootstrap=cluster.bootstrap, topic=TOPIC, partitions=args.partitions, timeout_s=120
-        )
-        full = pool.measure(acks="all", **common)
-        settled_end_offsets(**settle)
-        half = pool.measure(acks="all", rate=full["records_per_s"] / 2, **common)
-        settled_end_offsets(**settle)
-        acks1 = pool.measure(acks=1, **common)
+        # their catching up; every run starts once the high watermarks stopped moving. The
+        # transport runs come right after the row they are compared with.
+        for on in (cluster, tcp_cluster):
+            warm_up.append(pool.measure(acks="all", **(job(on) | {"seconds": WARM_UP_S})))
+        full = pool.measure(acks="all", **job(cluster))
+        settle(cluster)
+        tcp = pool.measure(acks="all", **job(tcp_cluster))
+        tcp_routes = replication_routes(tcp_cluster)
+        tcp_isr_after = {
+            p: list(tcp_cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)
+        }
+        tcp_cluster.close()  # the runs below as before: three brokers on the machine
+        sasl = pool.measure(acks="all", **job(cluster, cluster.client_bootstrap(SASL_CLIENT_LISTENER),
+                                               client_config=CLIENT_SASL))  # fmt: skip
+        settle(cluster)
+        half = pool.measure(acks="all", rate=full["records_per_s"] / 2, **job(cluster))
+        settle(cluster)
+        acks1 = pool.measure(acks=1, **job(cluster))
         isr_after = {p: list(cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)}
+        unix_routes = replication_routes(cluster)
     finally:
         pool.close()
         cluster.close()
+        tcp_cluster.close()
     elapsed = time.perf_counter() - t0
 
     acks1["label"], full["label"] = "acks=1, full speed", "acks=all, full speed"
+    tcp["label"] = "acks=all, replication over TCP+SASL"
+    sasl["label"] = "acks=all, clients over SASL_PLAINTEXT"
     half["label"] = f"acks=all, {half['target_records_per_s']:,.0f}/s"
-    runs = [acks1, full, half]
+    runs = [acks1, full, tcp, sasl, half]
 
     def lat(run, key):
         return f"{run['latency_ms'][key]:.2f}"
-
-    def cores(run):
-        b = sum(v or 0 for v in run["other_cores"].values())
-        return (
-            f"{b:.2f}",
-            f"{sum(run['load_cores'].values()):.2f}",
-            f"{run['machine_busy_cores']:.2f}",
-        )
 
     rows = [("raw 3-copy limit", f"{raw['records_per_s']:,.0f}",
              f"{raw['mb_per_s']:,.1f}", "100%", "", "", "", "", "", "")]  # fmt: skip
@@ -310,14 +390,31 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         note=(f"Load: {args.producers} processes of our client, send_batch of prebuilt {batch_records}-record "
               f"batches ({len(batch):,} bytes), at most {args.outstanding} batches outstanding per process; "
-              f"latency per batch from when it was due to its acknowledgement. Leaders: {leaders}. "
+              f"latency per batch from when it was due to its acknowledgement. Leaders: {leaders} "
+              f"(TCP cluster: {tcp_leaders}). "
               f"Everything shares {os.cpu_count()} cores: 3 brokers + {args.producers} load processes "
               f"(CPU in cores = CPU seconds per wall second over the timed window: 'brokers' all three from /proc, "
               f"'load' the load processes (os.times), 'machine' every process on the box from /proc/stat, "
               f"so machine - brokers - load is other people's work); the raw "
               f"chain ran alone before the brokers started (4 processes: producer, leader, 2 followers). "
-              f"Errors: acks=1 {acks1['errors']}, all {full['errors']}, half {half['errors']}. ISR after: {isr_after}."),
+              f"Errors: acks=1 {acks1['errors']}, all {full['errors']}, TCP {tcp['errors']}, "
+              f"SASL {sasl['errors']}, half {half['errors']}. ISR after: {isr_after} (TCP cluster: {tcp_isr_after})."),
     )  # fmt: skip
+    transports = transport_rows(full, [tcp, sasl])
+    print_table(
+        "Transports: acks=all RF 3 at full speed, beside the Unix-socket replication / PLAINTEXT clients row",
+        ["run", "records/s", "vs Unix/PLAINTEXT", "p50 ms", "p99 ms", "brokers CPU", "broker CPU µs/record"],
+        [(t["label"], f"{t['records_per_s']:,.0f}", f"{t['ratio']:.0%}", f"{t['p50_ms']:.2f}", f"{t['p99_ms']:.2f}",
+          f"{t['brokers_cores']:.2f}", f"{t['broker_cpu_us_per_record']:.2f}") for t in transports],
+        note=("TCP+SASL: a second cluster of 3 brokers replicating over TCP loopback (inter.broker.listener.name "
+              "BROKER, SASL_PLAINTEXT with PLAIN; SASL costs only at connection setup, the data path is plain TCP), "
+              "measured right after the acks=all row; routes from the brokers' logs: "
+              + ("all over TCP" if tcp_routes["ok"] else f"[red]NOT all over TCP: {tcp_routes}[/]")
+              + ". SASL_PLAINTEXT clients: the load connects to the same brokers' SASL_PLAINTEXT listener "
+              "(PLAIN as User:client). 'broker CPU µs/record': the three brokers' CPU seconds per "
+              "acknowledged record, the path's cost with less of the machine's noise than records/s."),
+    )  # fmt: skip
+    tcp_ratio = transports[1]["ratio"] or 0.0
     goals = [
         {"goal": f">= {GOAL_RECORDS_PER_S:,} records/s at acks=all", "value": full["records_per_s"],
          "met": full["records_per_s"] >= GOAL_RECORDS_PER_S, "shown": f"{full['records_per_s']:,.0f}"},
@@ -331,6 +428,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"p99 is reported at half of what was reached.")  # fmt: skip
         goals[1]["note"] = note
     print_goals("Goals (issue 5)", goals, note=note)
+    tcp_goal = {"goal": f"acks=all RF 3, replication over TCP+SASL >= {GOAL_TCP_RATIO:.0%} of the Unix-socket figure",
+                "value": tcp_ratio, "met": tcp_ratio >= GOAL_TCP_RATIO and tcp_routes["ok"],
+                "shown": f"{tcp_ratio:.0%} ({tcp['records_per_s']:,.0f} vs {full['records_per_s']:,.0f}/s)"}  # fmt: skip
+    if not tcp_routes["ok"]:
+        tcp_goal["note"] = (
+            "replication did not go over TCP on every route; the figure is not the TCP path's"
+        )
+    print_goals("Goals (issue 13)", [tcp_goal], note=tcp_goal.get("note"))
+    goals.append(tcp_goal)
     for run in runs:
         for worker in run["workers"]:
             worker.pop("histogram", None)
@@ -338,8 +444,11 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"run_s": run_s, "producers": args.producers, "partitions": args.partitions,
                    "batch_records": batch_records, "batch_bytes": len(batch), "outstanding": args.outstanding,
                    "record_value_bytes": RECORD_VALUE_BYTES, "raw_bytes": raw["bytes"], "leaders": leaders,
-                   "elapsed_s": elapsed, "load_average_before": load_before},
-        "raw_three_copy": raw, "runs": runs, "goals": goals, "isr_after": isr_after,
+                   "tcp_leaders": tcp_leaders, "elapsed_s": elapsed, "load_average_before": load_before},
+        "raw_three_copy": raw, "runs": runs, "transports": transports,
+        "routes": {"unix": unix_routes, "tcp": tcp_routes}, "goals": goals, "isr_after": isr_after,
+        "tcp_isr_after": tcp_isr_after,
+        "warm_up": [{k: w[k] for k in ("records", "records_per_s", "errors")} for w in warm_up],
     }, to_stdout=args.json)  # fmt: skip
     png = plot(runs, path.with_suffix(".png"),
                f"produce latency, RF 3, 3 brokers, {args.producers} load processes, {os.cpu_count()} cores")  # fmt: skip

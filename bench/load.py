@@ -2,9 +2,13 @@
 
 A `LoadPool` keeps N spawned processes alive across measurements (spawning and importing one
 costs about a second, more than a short measurement). `pool.measure(...)` gives each process an
-equal share of the target rate; they start together at an agreed CLOCK_MONOTONIC instant, run
-for the given seconds, and report their counts, their CPU seconds and an HdrHistogram of
-latencies (µs), which are merged here.
+equal share of the target rate; each connects (metadata, every leader, SASL if configured) and
+reports ready; once all are ready the parent names a CLOCK_MONOTONIC instant shortly ahead and
+they start together then, run for the given seconds, and report their counts, their CPU
+seconds and an HdrHistogram of latencies (µs), which are merged here. (A start instant fixed
+when the jobs went out let a process that was slow to import and connect on a busy machine
+start up to 0.7 s after the other, which stretched the window and cost the first run of a
+pool up to a fifth of its records/s.)
 
 Clients:
 - `own`: localcluster's AsyncProducer, `send_batch` of one prebuilt batch (`encode_batch`, built
@@ -14,6 +18,9 @@ Clients:
 - `confluent`: confluent-kafka (librdkafka) `produce()` per record, librdkafka's partitioner and
   batching (`linger.ms` 5, `batch.size` 64 KiB), a delivery callback on every record. Latency is
   per record.
+Both take `client_config`, client properties by librdkafka's names passed to the client as they
+are (e.g. `security.protocol=SASL_PLAINTEXT` and `sasl.*` for a SASL listener); each process
+connects (and authenticates) before the clock starts.
 
 Latency starts when the batch or record was due: rate-limited (open loop), at its slot on the
 schedule (start + i x interval), so a stall of the sender is counted, not hidden (coordinated
@@ -31,7 +38,7 @@ import contextlib
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from bench.broker import CpuMeter, _cpu, _use_uvloop, build_batch, kill_workers, spawn_context
 from bench.common import MB
@@ -40,7 +47,7 @@ CLIENTS = ("own", "confluent")
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 BATCH_BYTES = 64 << 10  # our client's prebuilt batch, about linger-free librdkafka's batch.size
 HISTOGRAM_MAX_US = 120_000_000
-START_DELAY_S = 0.3  # every process gets the job before the agreed start
+START_DELAY_S = 0.1  # from "every process is ready" to the agreed start (the queue's trip)
 
 
 def batch_records_for(record_size: int, batch_bytes: int = BATCH_BYTES) -> int:
@@ -60,7 +67,7 @@ class Job:
     seconds: float
     rate: float  # records/s for this process; 0: as fast as the window allows
     outstanding: int
-    start_at: float  # time.monotonic() of the agreed start
+    client_config: dict[str, str] = field(default_factory=dict)  # e.g. security.protocol
 
 
 class Schedule:
@@ -123,7 +130,7 @@ def histogram():
     return HdrHistogram(1, HISTOGRAM_MAX_US, 3)
 
 
-async def _run_own(job: Job) -> dict:
+async def _run_own(job: Job, ready) -> dict:
     from localcluster.client import AsyncProducer
 
     batch_records = batch_records_for(job.record_size)
@@ -143,12 +150,13 @@ async def _run_own(job: Job) -> dict:
         state["last"] = now
         hist.record_value(max(1, int((now - due) * 1e6)))
 
-    async with AsyncProducer(bootstrap_servers=job.bootstrap, acks=job.acks, linger_ms=0,
+    async with AsyncProducer(job.client_config, bootstrap_servers=job.bootstrap, acks=job.acks, linger_ms=0,
                              buffer_memory=max(32 << 20, 4 * job.outstanding * len(batch)),
                              request_timeout_ms=30_000) as producer:  # fmt: skip
         for partition in job.partitions:  # connect to every leader before the clock starts
             await (await producer.send_batch(job.topic, partition, batch))
-        await asyncio.sleep(max(0.0, job.start_at - time.monotonic()))
+        start_at = await asyncio.to_thread(ready)
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         cpu0 = _cpu()
         pacer = Pacer(asyncio.get_running_loop())
         schedule = Schedule(job.seconds, batch_records / job.rate if job.rate > 0 else 0.0)
@@ -171,13 +179,14 @@ async def _run_own(job: Job) -> dict:
             "cpu_s": cpu_s, "batch_records": batch_records, "histogram": hist.encode()}  # fmt: skip
 
 
-def _run_confluent(job: Job) -> dict:
+def _run_confluent(job: Job, ready) -> dict:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": job.bootstrap, "acks": str(job.acks),
                          "linger.ms": 5, "batch.size": BATCH_BYTES, "enable.idempotence": False,
                          "queue.buffering.max.messages": 1_000_000,
-                         "queue.buffering.max.kbytes": 256 << 10, "message.timeout.ms": 60_000})  # fmt: skip
+                         "queue.buffering.max.kbytes": 256 << 10, "message.timeout.ms": 60_000,
+                         **job.client_config})  # fmt: skip
     hist = histogram()
     state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
     value = b"v" * job.record_size
@@ -196,7 +205,7 @@ def _run_confluent(job: Job) -> dict:
 
     producer.list_topics(job.topic, timeout=10)  # connect before the clock starts
     produce, poll = producer.produce, producer.poll
-    time.sleep(max(0.0, job.start_at - time.monotonic()))
+    time.sleep(max(0.0, ready() - time.monotonic()))
     cpu0 = _cpu()
     schedule = Schedule(job.seconds, 1.0 / job.rate if job.rate > 0 else 0.0)
     start = schedule.start
@@ -234,9 +243,16 @@ def _run_confluent(job: Job) -> dict:
             "batch_records": 1, "histogram": hist.encode()}  # fmt: skip
 
 
-def worker_main(jobs, results) -> None:
-    """A load process: run jobs until None arrives; every result or error goes to `results`."""
+def worker_main(index: int, jobs, starts, results) -> None:
+    """A load process: run jobs until None arrives. Per job it puts {"ready": index} on
+    `results` once connected, waits for the start instant on `starts`, and puts its result or
+    error (with "worker": index) on `results`."""
     _use_uvloop()
+
+    def ready() -> float:
+        results.put({"ready": index})
+        return starts.get()
+
     while True:
         job = jobs.get()
         if job is None:
@@ -244,11 +260,12 @@ def worker_main(jobs, results) -> None:
         job = Job(**job)
         try:
             if job.client == "own":
-                results.put(asyncio.run(_run_own(job)))
+                result = asyncio.run(_run_own(job, ready))
             else:
-                results.put(_run_confluent(job))
+                result = _run_confluent(job, ready)
         except Exception as e:  # noqa: BLE001 (the parent reports it)
-            results.put({"failed": f"{type(e).__name__}: {e}"})
+            result = {"failed": f"{type(e).__name__}: {e}"}
+        results.put(result | {"worker": index})
 
 
 # -- the parent's side --------------------------------------------------------------------------
@@ -260,9 +277,10 @@ class LoadPool:
     def __init__(self, processes: int):
         ctx = spawn_context()
         self._jobs = [ctx.Queue() for _ in range(processes)]
+        self._starts = [ctx.Queue() for _ in range(processes)]
         self._results = ctx.Queue()
-        self.workers = [ctx.Process(target=worker_main, args=(jobs, self._results), daemon=True)
-                        for jobs in self._jobs]  # fmt: skip
+        self.workers = [ctx.Process(target=worker_main, args=(i, jobs, starts, self._results), daemon=True)
+                        for i, (jobs, starts) in enumerate(zip(self._jobs, self._starts, strict=True))]  # fmt: skip
 
     def start(self) -> LoadPool:
         for worker in self.workers:
@@ -283,36 +301,54 @@ class LoadPool:
             worker.join(5)
         kill_workers(self.workers)
 
+    def _next_result(self, deadline: float, what: str, ready: set, finals: dict) -> dict:
+        try:
+            return self._results.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise RuntimeError(f"load processes: {len(ready)} ready and {len(finals)} results of "
+                               f"{len(self.workers)} processes before the deadline for {what}") from None  # fmt: skip
+
     def measure(self, *, client: str, bootstrap: str, topic: str, partitions: list[int], acks,
                 record_size: int, seconds: float, rate: float = 0.0, outstanding: int = 16,
-                cpu_of: dict[str, int] | None = None, timeout_s: float = 180.0) -> dict:  # fmt: skip
+                cpu_of: dict[str, int] | None = None, timeout_s: float = 180.0,
+                client_config: dict[str, str] | None = None) -> dict:  # fmt: skip
         """One timed load by every process together at `rate` records/s in all (0: full speed).
 
-        `cpu_of` names other processes (label -> pid) whose CPU is reported in cores.
+        `cpu_of` names other processes (label -> pid) whose CPU is reported in cores;
+        `client_config` goes to every process's client as is (security.protocol, sasl.*).
         """
         from hdrh.histogram import HdrHistogram
 
         assert client in CLIENTS, client
         acks = -1 if str(acks) in ("all", "-1") else int(acks)
-        start_at = time.monotonic() + START_DELAY_S
         for jobs in self._jobs:
             job = Job(client, bootstrap, topic, tuple(partitions), acks, record_size, seconds,
-                      rate / len(self._jobs), outstanding, start_at)  # fmt: skip
+                      rate / len(self._jobs), outstanding, dict(client_config or {}))  # fmt: skip
             jobs.put(asdict(job))
         meter = CpuMeter(
             dict(cpu_of or {}) | {f"load {i}": w.pid for i, w in enumerate(self.workers)}
         )
+        ready: set[int] = set()
+        finals: dict[int, dict] = {}  # a process that failed before it was ready is final too
+        ready_by = time.monotonic() + timeout_s
+        while len(ready) + len(finals) < len(self.workers):
+            message = self._next_result(ready_by, "ready", ready, finals)
+            if "ready" in message:
+                ready.add(message["ready"])
+            else:
+                finals[message["worker"]] = message
+        # Every ready process waits for its start; each gets it, also when another failed.
+        start_at = time.monotonic() + START_DELAY_S
+        for index in ready:
+            self._starts[index].put(start_at)
         time.sleep(max(0.0, start_at - time.monotonic()))
         meter.start()
-        got = []
         deadline = time.monotonic() + seconds + timeout_s
-        while len(got) < len(self.workers):
-            try:
-                got.append(self._results.get(timeout=max(0.1, deadline - time.monotonic())))
-            except queue.Empty:
-                raise RuntimeError(f"load processes returned {len(got)} of {len(self.workers)} "
-                                   f"results within {seconds + timeout_s:.0f} s") from None  # fmt: skip
+        while len(finals) < len(self.workers):
+            message = self._next_result(deadline, "results", ready, finals)
+            finals[message["worker"]] = message
         meter.stop()
+        got = [finals[i] for i in range(len(self.workers))]
         failed = [r["failed"] for r in got if "failed" in r]
         if failed:
             raise RuntimeError(f"a load process failed: {failed[0]}")

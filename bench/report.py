@@ -294,6 +294,29 @@ def section_matrix(docs: dict, lim: dict) -> list[str]:
     return out
 
 
+def section_commit(docs: dict) -> list[str]:
+    """bench.commit's acks=all runs beside the transports of issue 13: replication over TCP+SASL
+    and SASL_PLAINTEXT clients, each as a fraction of the Unix-socket/PLAINTEXT run."""
+    commit = docs.get("commit", {})
+    transports = commit.get("transports")
+    if not transports:
+        return []
+    routes = commit.get("routes", {}).get("tcp", {})
+    rows = [[t["label"], num(t["records_per_s"]), pct(t["ratio"]), ms(t["p50_ms"]), ms(t["p99_ms"]),
+             num(t["brokers_cores"], 2), num(t["broker_cpu_us_per_record"], 2)] for t in transports]  # fmt: skip
+    out = [table(["run", "records/s", "vs Unix/PLAINTEXT", "p50 ms", "p99 ms", "brokers CPU (cores)",
+                  "broker CPU µs/record"], rows), ""]  # fmt: skip
+    out.append(f"3 brokers, {commit.get('config', {}).get('partitions', '?')} partitions, RF 3, "
+               "min.insync.replicas 2, our client at full speed, "
+               f"{num(commit.get('config', {}).get('run_s'), 1)} s per run, all in one run of bench.commit. "
+               "TCP+SASL: a second cluster whose brokers replicate over TCP loopback (SASL PLAIN at "
+               "connection setup, plain TCP after), "
+               + ("every route over TCP (from the brokers' logs)" if routes.get("ok")
+                  else "**not every route went over TCP**: the row is not the TCP path's")
+               + "; SASL_PLAINTEXT: the same brokers as the first row, the load on their SASL listener.\n")  # fmt: skip
+    return out
+
+
 def render(directory: Path, steps: list[dict] | None = None) -> Path:
     directory = Path(directory)
     docs = load(directory)
@@ -345,6 +368,9 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
                     [[name, num(v["mb_per_s"], 1), num((v["mb_per_s"] or 0) * 1e6 / 110), v["what"], v["source"]]
                      for name, v in lim.items()], "lrrll") if lim else "_No limit was measured (bench.storage and bench.commit did not run)._")  # fmt: skip
     md.append("")
+
+    md.append("## Commit path: replication and client transports (bench.commit)\n")
+    md += section_commit(docs) or ["_bench.commit did not run._", ""]
 
     md.append("## Produce matrix\n")
     cfg = docs.get("matrix", {}).get("config", {})
