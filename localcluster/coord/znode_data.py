@@ -7,13 +7,22 @@ Layouts follow Kafka's ZK-era formats so a reader of Kafka's docs recognises the
                                 "removing_replicas":{}}
     .../partitions/<p>/state   {"version":1,"leader","leader_epoch","isr","controller_epoch"}
 A znode that does not parse raises ZnodeDataError naming the path: a corrupt store is an
-operator's problem to see, not something to guess around.
+operator's problem to see, not something to guess around. The values themselves live in
+localcluster/metadata_types.py (re-exported here), which the cores share without coord/.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+
+from localcluster.metadata_types import BrokerRegistration, LeaderAndIsr, TopicAssignment
+
+__all__ = [
+    "BrokerRegistration", "LeaderAndIsr", "TopicAssignment", "ZnodeDataError",
+    "decode_broker_registration", "decode_leader_and_isr", "decode_topic_assignment",
+    "decode_topic_config", "encode_broker_registration", "encode_leader_and_isr",
+    "encode_topic_assignment", "encode_topic_config",
+]  # fmt: skip
 
 
 class ZnodeDataError(ValueError):
@@ -41,85 +50,64 @@ def _dump(value: dict) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerRegistration:
-    broker_id: int
-    host: str
-    port: int
-    unix_socket: str
-    rack: str | None = None
-    pid: int | None = None
-    timestamp_ms: int = 0
+def encode_broker_registration(registration: BrokerRegistration) -> bytes:
+    r = registration
+    return _dump({
+        "version": 5, "host": r.host, "port": r.port,
+        "endpoints": [f"PLAINTEXT://{r.host}:{r.port}"],
+        "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+        "jmx_port": -1, "rack": r.rack, "timestamp": str(r.timestamp_ms),
+        "unix_socket": r.unix_socket, "pid": r.pid,
+    })  # fmt: skip
 
-    def encode(self) -> bytes:
-        return _dump({
-            "version": 5, "host": self.host, "port": self.port,
-            "endpoints": [f"PLAINTEXT://{self.host}:{self.port}"],
-            "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
-            "jmx_port": -1, "rack": self.rack, "timestamp": str(self.timestamp_ms),
-            "unix_socket": self.unix_socket, "pid": self.pid,
-        })  # fmt: skip
 
-    @classmethod
-    def decode(cls, broker_id: int, path: str, data: bytes) -> BrokerRegistration:
-        value = _load(path, data)
+def decode_broker_registration(broker_id: int, path: str, data: bytes) -> BrokerRegistration:
+    value = _load(path, data)
+    try:
+        return BrokerRegistration(broker_id, value["host"], int(value["port"]),
+                                  value.get("unix_socket", ""), value.get("rack"), value.get("pid"),
+                                  int(value.get("timestamp", 0)))  # fmt: skip
+    except (KeyError, ValueError, TypeError) as e:
+        raise ZnodeDataError(f"broker registration {path} lacks {e}") from None
+
+
+def encode_topic_assignment(assignment: TopicAssignment) -> bytes:
+    def table(d):
+        return {str(p): list(r) for p, r in sorted(d.items())}
+
+    return _dump({"version": 2, "partitions": table(assignment.partitions),
+                  "adding_replicas": table(assignment.adding_replicas),
+                  "removing_replicas": table(assignment.removing_replicas)})  # fmt: skip
+
+
+def decode_topic_assignment(path: str, data: bytes) -> TopicAssignment:
+    value = _load(path, data)
+
+    def table(key):
         try:
-            return cls(broker_id, value["host"], int(value["port"]), value.get("unix_socket", ""),
-                       value.get("rack"), value.get("pid"), int(value.get("timestamp", 0)))  # fmt: skip
-        except (KeyError, ValueError, TypeError) as e:
-            raise ZnodeDataError(f"broker registration {path} lacks {e}") from None
+            return {int(p): _broker_ids(r) for p, r in value.get(key, {}).items()}
+        except (ValueError, TypeError, AttributeError):
+            raise ZnodeDataError(f"topic znode {path}: {key} is malformed") from None
+
+    if "partitions" not in value:
+        raise ZnodeDataError(f"topic znode {path} has no partitions")
+    return TopicAssignment(
+        table("partitions"), table("adding_replicas"), table("removing_replicas")
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class TopicAssignment:
-    partitions: dict[int, tuple[int, ...]]
-    adding_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    removing_replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
-
-    def encode(self) -> bytes:
-        def table(d):
-            return {str(p): list(r) for p, r in sorted(d.items())}
-
-        return _dump({"version": 2, "partitions": table(self.partitions),
-                      "adding_replicas": table(self.adding_replicas),
-                      "removing_replicas": table(self.removing_replicas)})  # fmt: skip
-
-    @classmethod
-    def decode(cls, path: str, data: bytes) -> TopicAssignment:
-        value = _load(path, data)
-
-        def table(key):
-            try:
-                return {int(p): _broker_ids(r) for p, r in value.get(key, {}).items()}
-            except (ValueError, TypeError, AttributeError):
-                raise ZnodeDataError(f"topic znode {path}: {key} is malformed") from None
-
-        if "partitions" not in value:
-            raise ZnodeDataError(f"topic znode {path} has no partitions")
-        return cls(table("partitions"), table("adding_replicas"), table("removing_replicas"))
+def encode_leader_and_isr(state: LeaderAndIsr) -> bytes:
+    return _dump({"version": 1, "leader": state.leader, "leader_epoch": state.leader_epoch,
+                  "isr": list(state.isr), "controller_epoch": state.controller_epoch})  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class LeaderAndIsr:
-    """The partition state znode: who leads, in which epoch, with which ISR."""
-
-    leader: int
-    leader_epoch: int
-    isr: tuple[int, ...]
-    controller_epoch: int
-
-    def encode(self) -> bytes:
-        return _dump({"version": 1, "leader": self.leader, "leader_epoch": self.leader_epoch,
-                      "isr": list(self.isr), "controller_epoch": self.controller_epoch})  # fmt: skip
-
-    @classmethod
-    def decode(cls, path: str, data: bytes) -> LeaderAndIsr:
-        value = _load(path, data)
-        try:
-            return cls(int(value["leader"]), int(value["leader_epoch"]),
-                       _broker_ids(value["isr"]), int(value["controller_epoch"]))  # fmt: skip
-        except (KeyError, ValueError, TypeError) as e:
-            raise ZnodeDataError(f"partition state {path} lacks or garbles {e}") from None
+def decode_leader_and_isr(path: str, data: bytes) -> LeaderAndIsr:
+    value = _load(path, data)
+    try:
+        return LeaderAndIsr(int(value["leader"]), int(value["leader_epoch"]),
+                            _broker_ids(value["isr"]), int(value["controller_epoch"]))  # fmt: skip
+    except (KeyError, ValueError, TypeError) as e:
+        raise ZnodeDataError(f"partition state {path} lacks or garbles {e}") from None
 
 
 def encode_topic_config(config: dict[str, str]) -> bytes:

@@ -9,13 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localcluster.coord.znode_data import (
-    BrokerRegistration,
-    LeaderAndIsr,
-    TopicAssignment,
     ZnodeDataError,
+    decode_broker_registration,
+    decode_leader_and_isr,
+    decode_topic_assignment,
     decode_topic_config,
+    encode_broker_registration,
+    encode_leader_and_isr,
+    encode_topic_assignment,
     encode_topic_config,
 )
+from localcluster.metadata_types import BrokerRegistration, LeaderAndIsr, TopicAssignment
 
 BROKER_PATH = "/brokers/ids/3"
 TOPIC_PATH = "/brokers/topics/t"
@@ -32,13 +36,13 @@ tables = st.dictionaries(st.integers(0, 10_000), ids, max_size=8)
 def test_broker_registration_layout():
     reg = BrokerRegistration(3, "127.0.0.1", 9092, "/tmp/b3.sock", rack="r1", pid=42,
                              timestamp_ms=1_700_000_000_000)  # fmt: skip
-    value = json.loads(reg.encode())
+    value = json.loads(encode_broker_registration(reg))
     assert value == {
         "version": 5, "host": "127.0.0.1", "port": 9092, "endpoints": ["PLAINTEXT://127.0.0.1:9092"],
         "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"}, "jmx_port": -1, "rack": "r1",
         "timestamp": "1700000000000", "unix_socket": "/tmp/b3.sock", "pid": 42,
     }  # fmt: skip
-    assert BrokerRegistration.decode(3, BROKER_PATH, reg.encode()) == reg
+    assert decode_broker_registration(3, BROKER_PATH, encode_broker_registration(reg)) == reg
 
 
 @settings(max_examples=100, deadline=None)
@@ -47,14 +51,16 @@ def test_broker_registration_layout():
        st.integers(0, 2**45))  # fmt: skip
 def test_broker_registration_round_trip(broker_id, host, port, sock, rack, pid, ts):
     reg = BrokerRegistration(broker_id, host, port, sock, rack, pid, ts)
-    assert BrokerRegistration.decode(broker_id, BROKER_PATH, reg.encode()) == reg
+    assert (
+        decode_broker_registration(broker_id, BROKER_PATH, encode_broker_registration(reg)) == reg
+    )
 
 
 def test_broker_registration_written_by_kafka():
     data = (b'{"listener_security_protocol_map":{"PLAINTEXT":"PLAINTEXT"},"endpoints":'
             b'["PLAINTEXT://kafka1:9092"],"jmx_port":-1,"host":"kafka1","timestamp":"1600000000000",'
             b'"port":9092,"version":4}')  # fmt: skip
-    reg = BrokerRegistration.decode(1, BROKER_PATH, data)
+    reg = decode_broker_registration(1, BROKER_PATH, data)
     assert reg == BrokerRegistration(1, "kafka1", 9092, "", None, None, 1_600_000_000_000)
 
 
@@ -71,7 +77,7 @@ def test_broker_registration_written_by_kafka():
 ])  # fmt: skip
 def test_broker_registration_garbage(data, match):
     with pytest.raises(ZnodeDataError, match=match) as e:
-        BrokerRegistration.decode(3, BROKER_PATH, data)
+        decode_broker_registration(3, BROKER_PATH, data)
     assert BROKER_PATH in str(e.value)
 
 
@@ -80,22 +86,22 @@ def test_broker_registration_garbage(data, match):
 
 def test_topic_assignment_layout():
     ta = TopicAssignment({1: (2, 3), 0: (1, 2)}, adding_replicas={1: (3,)})
-    assert json.loads(ta.encode()) == {
+    assert json.loads(encode_topic_assignment(ta)) == {
         "version": 2, "partitions": {"0": [1, 2], "1": [2, 3]}, "adding_replicas": {"1": [3]},
         "removing_replicas": {},
     }  # fmt: skip
-    assert TopicAssignment.decode(TOPIC_PATH, ta.encode()) == ta
+    assert decode_topic_assignment(TOPIC_PATH, encode_topic_assignment(ta)) == ta
 
 
 @settings(max_examples=100, deadline=None)
 @given(tables, tables, tables)
 def test_topic_assignment_round_trip(partitions, adding, removing):
     ta = TopicAssignment(partitions, adding, removing)
-    assert TopicAssignment.decode(TOPIC_PATH, ta.encode()) == ta
+    assert decode_topic_assignment(TOPIC_PATH, encode_topic_assignment(ta)) == ta
 
 
 def test_topic_assignment_version_1_written_by_kafka():
-    ta = TopicAssignment.decode(TOPIC_PATH, b'{"version":1,"partitions":{"1":[2,0],"0":[0,1]}}')
+    ta = decode_topic_assignment(TOPIC_PATH, b'{"version":1,"partitions":{"1":[2,0],"0":[0,1]}}')
     assert ta == TopicAssignment({0: (0, 1), 1: (2, 0)}, {}, {})
 
 
@@ -114,7 +120,7 @@ def test_topic_assignment_version_1_written_by_kafka():
 ])  # fmt: skip
 def test_topic_assignment_garbage(data, match):
     with pytest.raises(ZnodeDataError, match=match) as e:
-        TopicAssignment.decode(TOPIC_PATH, data)
+        decode_topic_assignment(TOPIC_PATH, data)
     assert TOPIC_PATH in str(e.value)
 
 
@@ -123,21 +129,21 @@ def test_topic_assignment_garbage(data, match):
 
 def test_partition_state_layout():
     state = LeaderAndIsr(leader=2, leader_epoch=5, isr=(2, 0), controller_epoch=3)
-    assert json.loads(state.encode()) == {"version": 1, "leader": 2, "leader_epoch": 5,
+    assert json.loads(encode_leader_and_isr(state)) == {"version": 1, "leader": 2, "leader_epoch": 5,
                                           "isr": [2, 0], "controller_epoch": 3}  # fmt: skip
-    assert LeaderAndIsr.decode(STATE_PATH, state.encode()) == state
+    assert decode_leader_and_isr(STATE_PATH, encode_leader_and_isr(state)) == state
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(-1, 2**31 - 1), st.integers(0, 2**31 - 1), ids, st.integers(0, 2**31 - 1))
 def test_partition_state_round_trip(leader, epoch, isr, controller_epoch):
     state = LeaderAndIsr(leader, epoch, isr, controller_epoch)
-    assert LeaderAndIsr.decode(STATE_PATH, state.encode()) == state
+    assert decode_leader_and_isr(STATE_PATH, encode_leader_and_isr(state)) == state
 
 
 def test_partition_state_written_by_kafka():
     data = b'{"controller_epoch":1,"leader":1,"version":1,"leader_epoch":0,"isr":[1,2]}'
-    assert LeaderAndIsr.decode(STATE_PATH, data) == LeaderAndIsr(1, 0, (1, 2), 1)
+    assert decode_leader_and_isr(STATE_PATH, data) == LeaderAndIsr(1, 0, (1, 2), 1)
 
 
 @pytest.mark.parametrize("data", [
@@ -153,7 +159,7 @@ def test_partition_state_written_by_kafka():
 ])  # fmt: skip
 def test_partition_state_garbage(data):
     with pytest.raises(ZnodeDataError, match=STATE_PATH):
-        LeaderAndIsr.decode(STATE_PATH, data)
+        decode_leader_and_isr(STATE_PATH, data)
 
 
 # -- topic config -------------------------------------------------------------------------------------
@@ -179,10 +185,10 @@ def test_topic_config_garbage(data):
 def test_encoding_is_canonical():
     # sorted keys, no spaces: equal values are equal bytes (a conditional write compares nothing
     # else, and the file backend's readers see stable content)
-    a = LeaderAndIsr(1, 2, (1, 2), 3).encode()
-    assert a == LeaderAndIsr(1, 2, (1, 2), 3).encode() and b" " not in a
-    assert (
-        TopicAssignment({1: (1,), 0: (0,)}).encode() == TopicAssignment({0: (0,), 1: (1,)}).encode()
+    a = encode_leader_and_isr(LeaderAndIsr(1, 2, (1, 2), 3))
+    assert a == encode_leader_and_isr(LeaderAndIsr(1, 2, (1, 2), 3)) and b" " not in a
+    assert encode_topic_assignment(TopicAssignment({1: (1,), 0: (0,)})) == encode_topic_assignment(
+        TopicAssignment({0: (0,), 1: (1,)})
     )
 
 
