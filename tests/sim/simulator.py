@@ -376,7 +376,12 @@ class Simulator:
             self.hosts[b].start()
 
     def _shutdown(self, b) -> None:
-        if self.hosts[b].alive and not self.hosts[b].paused:
+        if self.hosts[b].paused:
+            # A stopped process goes on with its shutdown once resumed. (Dropping it would
+            # leave a broker the controller counts as shutting down, which hears no
+            # LeaderAndIsr until it dies, as in Kafka, running for ever.)
+            self.scheduler.after(10, self._shutdown, b)
+        elif self.hosts[b].alive:
             self.trace(f"b{b} shuts down cleanly")
             self.hosts[b].shutdown()
             self.scheduler.after(self.rng.randint(20, 400), self._restart, b)
