@@ -787,3 +787,27 @@ def test_an_isr_change_notification_reloads_the_partition_and_updates_the_metada
         store ReadPartitionStates t-0
         UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e0/[1,2] v1
     """)
+
+
+# -- the layer ------------------------------------------------------------------------------------
+
+CORE_MODULES = ["core", "topic_operations", "partition_state_machine", "replica_state_machine",
+                "request_batch", "events", "actions", "context", "elections", "state_machines"]  # fmt: skip
+
+
+def test_the_core_imports_no_store_no_runtime_no_asyncio_and_no_kio():
+    import subprocess
+    import sys
+
+    imports = "; ".join(f"import localcluster.controller.{m}" for m in CORE_MODULES)
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys; {imports}; print(' '.join(sorted(sys.modules)))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    ours = {m for m in loaded if m.startswith("localcluster.")}
+    assert ours <= {f"localcluster.controller.{m}" for m in CORE_MODULES} | {
+        "localcluster.controller", "localcluster.metadata_types", "localcluster.protocol",
+        "localcluster.protocol.controller_requests",
+        "localcluster.protocol.wire",
+    }, sorted(ours)  # fmt: skip
+    assert not [m for m in loaded if m.split(".")[0] in ("asyncio", "kio", "socket", "kazoo")]
