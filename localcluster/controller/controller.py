@@ -120,6 +120,8 @@ class KafkaController:
             except Exception:
                 log.exception("controller %d: handling %s failed", self.broker_id,
                               type(event).__name__)  # fmt: skip
+                if isinstance(event, ev.ControlledShutdown):
+                    self._answer(event.correlation_id, None)  # the broker asks again
 
     def event(self, line: str) -> None:
         log.info("controller %d: %s", self.broker_id, line)

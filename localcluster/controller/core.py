@@ -101,6 +101,10 @@ class ControllerCore:
         except StopIteration:
             self._operation = self._expected = None
             return self._ready(None)
+        except BaseException:  # the handler broke (a bug): it is over; the next event may run
+            self._operation = self._expected = None
+            self._actions.clear()
+            raise
         self._expected = act.RESULT_OF[type(operation)]
         return self._ready(operation)
 

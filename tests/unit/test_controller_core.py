@@ -811,3 +811,15 @@ def test_the_core_imports_no_store_no_runtime_no_asyncio_and_no_kio():
         "localcluster.protocol.wire",
     }, sorted(ours)  # fmt: skip
     assert not [m for m in loaded if m.split(".")[0] in ("asyncio", "kio", "socket", "kazoo")]
+
+
+def test_a_handler_that_breaks_ends_its_event_and_the_next_one_runs():
+    h = two_partitions()
+    del h.store.brokers[1]
+    ready = h.core.step(ev.BrokerChange())
+    ready = h.core.step(h.store.execute(ready.store))
+    assert isinstance(ready.store, act.WritePartitionStates)
+    with pytest.raises(KeyError):  # an answer for a write nobody asked for: a bug somewhere
+        h.core.step(ev.PartitionStatesWritten({("nobody", 9): 1}))
+    assert not h.core.waiting
+    assert h.step(ev.BrokerChange()).splitlines() == ["store ReadBrokers"]
