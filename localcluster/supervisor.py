@@ -132,12 +132,12 @@ class StoreEvents:
 
     def _on_topic(self, topic: str, data) -> bool | None:
         from localcluster.coord import DataWatch, paths
-        from localcluster.coord.znode_data import TopicAssignment, ZnodeDataError
+        from localcluster.coord.znode_data import ZnodeDataError, decode_topic_assignment
 
         if data is None:
             return False  # deleted: the watch ends
         try:
-            assignment = TopicAssignment.decode(paths.topic_path(topic), data)
+            assignment = decode_topic_assignment(paths.topic_path(topic), data)
         except ZnodeDataError as e:
             self._emit(f"topic {topic}: {e}")
             return None
@@ -155,7 +155,7 @@ class StoreEvents:
 
     def _on_state(self, topic: str, partition: int, data) -> bool | None:
         from localcluster.coord import paths
-        from localcluster.coord.znode_data import LeaderAndIsr, ZnodeDataError
+        from localcluster.coord.znode_data import ZnodeDataError, decode_leader_and_isr
 
         name = f"{topic}-{partition}"
         if data is None:
@@ -166,7 +166,7 @@ class StoreEvents:
                 return False
             return None
         try:
-            state = LeaderAndIsr.decode(paths.partition_state_path(topic, partition), data)
+            state = decode_leader_and_isr(paths.partition_state_path(topic, partition), data)
         except ZnodeDataError as e:
             self._emit(f"{name}: {e}")
             return None

@@ -16,7 +16,12 @@ from pathlib import Path
 from localcluster import coord
 from localcluster.client.connection import Address, BrokerConnection
 from localcluster.coord import NoNodeError, paths
-from localcluster.coord.znode_data import LeaderAndIsr, TopicAssignment
+from localcluster.coord.znode_data import (
+    decode_leader_and_isr,
+    encode_leader_and_isr,
+    encode_topic_assignment,
+)
+from localcluster.metadata_types import LeaderAndIsr, TopicAssignment
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
@@ -40,12 +45,12 @@ class TestController:
         self.coord.create(f"/config/topics/{topic}",
                           json.dumps({"version": 1, "config": config or {}}).encode(),
                           makepath=True)  # fmt: skip
-        self.coord.create(paths.topic_path(topic), TopicAssignment({0: tuple(replicas)}).encode(),
+        self.coord.create(paths.topic_path(topic), encode_topic_assignment(TopicAssignment({0: tuple(replicas)})),
                           makepath=True)  # fmt: skip
 
     def state(self, topic: str, partition: int = 0) -> tuple[LeaderAndIsr, int]:
         data, stat = self.coord.get(paths.partition_state_path(topic, partition))
-        return LeaderAndIsr.decode("", data), stat.version
+        return decode_leader_and_isr("", data), stat.version
 
     def elect(self, topic: str, leader: int, leader_epoch: int, isr, replicas,
               send_to=None, partition: int = 0) -> dict[int, cr.PartitionErrors]:  # fmt: skip
@@ -54,9 +59,9 @@ class TestController:
         path = paths.partition_state_path(topic, partition)
         state = LeaderAndIsr(leader, leader_epoch, tuple(isr), self.controller_epoch)
         try:
-            stat = self.coord.set(path, state.encode())
+            stat = self.coord.set(path, encode_leader_and_isr(state))
         except NoNodeError:
-            self.coord.create(path, state.encode(), makepath=True)
+            self.coord.create(path, encode_leader_and_isr(state), makepath=True)
             _, stat = self.coord.get(path)
         request = cr.LeaderAndIsrRequest(0, self.controller_epoch, (cr.PartitionState(
             topic, partition, self.controller_epoch, leader, leader_epoch, tuple(isr),

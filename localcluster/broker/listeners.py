@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from localcluster.coord.znode_data import EndPoint
+from localcluster.metadata_types import EndPoint
 
 
 class ListenerConfigError(ValueError):

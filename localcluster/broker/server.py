@@ -58,7 +58,7 @@ from localcluster.broker.shutdown import controlled_shutdown
 from localcluster.client.connection import ClientSecurity
 from localcluster.controller.controller import KafkaController
 from localcluster.coord import SessionExpiredError, paths
-from localcluster.coord.znode_data import BrokerRegistration, EndPoint
+from localcluster.metadata_types import BrokerRegistration, EndPoint
 from localcluster.metrics import MetricsBoard
 from localcluster.tasks import cancel_and_wait
 

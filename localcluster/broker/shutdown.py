@@ -20,7 +20,7 @@ ANSWER_TIMEOUT_S = 5
 
 async def ask_local_controller(controller, broker_id: int):
     answer = asyncio.get_running_loop().create_future()
-    controller.enqueue("controlled_shutdown", broker_id, answer)
+    controller.request_controlled_shutdown(broker_id, answer)
     return await asyncio.wait_for(answer, ANSWER_TIMEOUT_S)
 
 

@@ -96,7 +96,7 @@ def read_registrations(cluster_dir: str | os.PathLike) -> dict[int, tuple[str, i
     """
     from localcluster import coord
     from localcluster.coord import paths
-    from localcluster.coord.znode_data import BrokerRegistration
+    from localcluster.coord.znode_data import decode_broker_registration
 
     store = Path(cluster_dir) / "store"
     if not store.is_dir():
@@ -113,7 +113,7 @@ def read_registrations(cluster_dir: str | os.PathLike) -> dict[int, tuple[str, i
                 data, _ = client.get(paths.broker_path(int(child)))
             except coord.NoNodeError:
                 continue
-            r = BrokerRegistration.decode(int(child), paths.broker_path(int(child)), data)
+            r = decode_broker_registration(int(child), paths.broker_path(int(child)), data)
             out[r.broker_id] = (r.host, r.port, r.unix_socket)
         return out
     finally:

@@ -1,11 +1,10 @@
-"""The controller's channel to brokers: requests batched per broker, sent in order, retried.
+"""The controller's channel to brokers: requests queued per broker, sent in order, retried.
 
-A `RequestBatch` collects the LeaderAndIsr partition states and StopReplica partitions that one
-event produced, per broker, and hands each broker one request of each kind. A broker's queue is
-served by one task over one connection (its Unix socket on this host, else its inter-broker
-listener: broker/inter_broker.py decides); a request that fails for a
-connection reason is retried (with backoff) until it is answered or the broker is removed
-(it died: its next registration brings a fresh queue and a full LeaderAndIsr).
+Runtime: what to send is the controller core's (request_batch.py batches one event's requests
+per broker). A broker's queue is served by one task over one connection (its Unix socket on this
+host, else its inter-broker listener: broker/inter_broker.py decides); a request that fails for
+a connection reason is retried (with backoff) until it is answered or the broker is removed (it
+died: its next registration brings a fresh queue and a full LeaderAndIsr).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from localcluster.client.connection import BrokerConnection, KafkaError
 from localcluster.protocol import controller_requests as cr
@@ -37,41 +36,6 @@ class _Request:
     body: bytes
     on_response: OnResponse | None
     parse: Callable[[Reader], object] = cr.read_partition_errors
-
-
-@dataclass
-class RequestBatch:
-    controller_id: int
-    controller_epoch: int
-    leader_and_isr: dict[int, dict[tuple[str, int], cr.PartitionState]] = field(
-        default_factory=dict
-    )
-    stop_replica: dict[tuple[int, bool], set[tuple[str, int]]] = field(default_factory=dict)
-
-    def add_leader_and_isr(self, brokers, state: cr.PartitionState) -> None:
-        for broker in brokers:
-            self.leader_and_isr.setdefault(broker, {})[(state.topic, state.partition)] = state
-
-    def add_stop_replica(self, broker: int, tp: tuple[str, int], delete: bool) -> None:
-        self.stop_replica.setdefault((broker, delete), set()).add(tp)
-
-    def send(self, channel: ControllerChannelManager,
-             on_stop_replica: Callable[[int, cr.PartitionErrors], None] | None = None) -> None:  # fmt: skip
-        for broker, states in sorted(self.leader_and_isr.items()):
-            request = cr.LeaderAndIsrRequest(self.controller_id, self.controller_epoch,
-                                             tuple(states[k] for k in sorted(states)))  # fmt: skip
-            channel.send(broker, ApiKey.LEADER_AND_ISR, cr.write_leader_and_isr(request))
-        for (broker, delete), tps in sorted(self.stop_replica.items()):
-            request = cr.StopReplicaRequest(self.controller_id, self.controller_epoch, delete,
-                                            tuple(sorted(tps)))  # fmt: skip
-            callback = (
-                (lambda response, b=broker: on_stop_replica(b, response))
-                if on_stop_replica
-                else None
-            )
-            channel.send(broker, ApiKey.STOP_REPLICA, cr.write_stop_replica(request), callback)
-        self.leader_and_isr.clear()
-        self.stop_replica.clear()
 
 
 class _BrokerQueue:

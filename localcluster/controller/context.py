@@ -1,7 +1,7 @@
 """ControllerContext: everything the controller knows, loaded from the store on failover.
 
-Only the controller's event loop touches it. `leadership` holds each partition's state znode
-(LeaderAndIsr) with the version the next conditional write must name.
+Only the controller core touches it, one event at a time. `leadership` holds each partition's
+state znode (LeaderAndIsr) with the version the next conditional write must name.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from localcluster.controller.state_machines import (
     partition_states,
     replica_states,
 )
-from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr
+from localcluster.metadata_types import BrokerRegistration, LeaderAndIsr, TopicPartition
 
 log = logging.getLogger(__name__)
 
-TopicPartition = tuple[str, int]
 
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Leadership:
+    """A partition state znode as read or written: its LeaderAndIsr and its version."""
+
     state: LeaderAndIsr
     zk_version: int
 

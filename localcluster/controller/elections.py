@@ -3,12 +3,24 @@
 Each returns the new leader, or None when no replica qualifies (the partition then stays
 offline, or keeps its leader, as the caller decides). None of them looks at anything but its
 arguments: `assignment` is AR in order (its head is the preferred replica), `isr` the current
-ISR, `live_replicas` the replicas on live brokers.
+ISR, `live_replicas` the replicas on live brokers. `PartitionLeaderElectionStrategy` names
+which one a state change uses; its values are the words the event log prints.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Collection, Sequence
+
+
+class PartitionLeaderElectionStrategy(enum.Enum):
+    OFFLINE = "offline"
+    REASSIGN = "reassign"
+    PREFERRED = "preferred"
+    CONTROLLED_SHUTDOWN = "controlled shutdown"
+    # The offline election with unclean election allowed whatever the topic's config says
+    # (Kafka's ElectLeaders with ElectionType.UNCLEAN).
+    UNCLEAN = "unclean (requested)"
 
 
 def offline_partition_leader_election(assignment: Sequence[int], isr: Collection[int],

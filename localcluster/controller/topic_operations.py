@@ -1,5 +1,6 @@
-"""Topic administration by the controller: deletion, reassignment, preferred election,
-auto-rebalance and controlled shutdown. Each runs inside the controller's event loop.
+"""Topic administration by the controller core: deletion, reassignment, preferred and unclean
+elections on request, auto-rebalance and controlled shutdown. No I/O: each handler is an
+Operation of the core (core.py) and yields the store operations it needs.
 
 Deletion: replicas Offline -> ReplicaDeletionStarted (StopReplica with delete) ->
 ReplicaDeletionSuccessful when the broker answers, then the topic's znodes go. A replica on a
@@ -9,18 +10,19 @@ Reassignment (the ZK-era algorithm): AR becomes OAR + RAR and every replica hear
 epoch; once every target replica is in the ISR, the leader is kept or re-elected from RAR, the
 removed replicas get StopReplica with delete, AR becomes RAR, and the request leaves
 /admin/reassign_partitions.
+
+Controlled shutdown: leadership moves off the broker, the broker leaves every ISR and stops
+its replicas (StopReplica without delete); the answer names what it still leads.
 """
 
 from __future__ import annotations
 
 import logging
 
-from kio.schema.errors import ErrorCode
-
-from localcluster.controller.leadership import CONTROLLED_SHUTDOWN, PREFERRED, REASSIGN, UNCLEAN
+from localcluster.controller import actions as act
+from localcluster.controller.elections import PartitionLeaderElectionStrategy as Strategy
 from localcluster.controller.state_machines import PartitionState, ReplicaState
-from localcluster.coord import paths
-from localcluster.coord.znode_data import TopicAssignment
+from localcluster.metadata_types import TopicAssignment, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -28,108 +30,90 @@ IMBALANCE_PERCENTAGE = 10  # leader.imbalance.per.broker.percentage
 
 
 class TopicOperations:
-    def __init__(self, controller):
-        self.c = controller
-        self.ctx = controller.ctx
-        self.zk = controller.zk
-        self.run = controller.run_blocking
+    def __init__(self, core):
+        self.core = core
+        self.ctx = core.ctx
         self._pending_deletes: dict[str, set[tuple]] = {}  # topic -> (tp, replica) awaiting answers
 
-    async def handle(self, kind: str, args) -> None:
-        if kind == "deletions":
-            await self.on_deletion_requests()
-        elif kind == "deletion_answer":
-            await self._on_deletion_answer(*args)
-        elif kind == "reassignments":
-            await self.on_reassignment_requests()
-        elif kind == "preferred":
-            await self.on_preferred_requests()
-        elif kind == "unclean":
-            await self.on_unclean_requests()
-        elif kind == "rebalance":
-            await self.check_leader_imbalance()
-        elif kind == "controlled_shutdown":
-            await self.controlled_shutdown(*args)
-        else:
-            log.error("controller: unknown event %s", kind)
-
-    async def after_brokers_started(self) -> None:
-        await self.on_deletion_requests()
+    def after_brokers_started(self) -> act.Operation[None]:
+        self.try_topic_deletion()
         for tp in sorted(self.ctx.reassignments):
-            await self._maybe_complete_reassignment(tp)
+            yield from self._maybe_complete_reassignment(tp)
 
-    async def after_isr_change(self, changed) -> None:
+    def after_isr_change(self, changed) -> act.Operation[None]:
         for tp in sorted(set(changed) & set(self.ctx.reassignments)):
-            await self._maybe_complete_reassignment(tp)
+            yield from self._maybe_complete_reassignment(tp)
 
     # -- deletion -----------------------------------------------------------------------------
 
-    async def on_deletion_requests(self) -> None:
+    def on_topic_deletion(self) -> act.Operation[None]:
         ctx = self.ctx
-        for topic in await self.run(self.zk.topics_to_delete):
+        read = yield act.ReadTopicDeletions()
+        for topic in read.topics:
             if topic not in ctx.topics():
-                await self.run(self.zk.delete_topic_znodes, topic)
+                yield act.DeleteTopicZnodes(topic)
                 continue
             ctx.topics_to_delete.add(topic)
-        for topic in sorted(ctx.topics_to_delete - set(self._pending_deletes)):
-            await self._try_delete(topic)
+        self.try_topic_deletion()
 
-    async def _try_delete(self, topic: str) -> None:
+    def try_topic_deletion(self) -> None:
+        for topic in sorted(self.ctx.topics_to_delete - set(self._pending_deletes)):
+            self._try_delete(topic)
+
+    def _try_delete(self, topic: str) -> None:
         ctx = self.ctx
         replicas = [(tp, r) for tp in ctx.partitions_of(topic) for r in ctx.assignments[tp]]
         dead = sorted({r for _, r in replicas if r not in ctx.live_brokers})
         if dead:
             for tp, r in replicas:
                 if r in dead:
-                    self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
-                    self.ctx.move_replica(tp, r, ReplicaState.DELETION_INELIGIBLE)
-            self.c.event(f"deletion of topic {topic} waits for broker(s) {dead} to return")
+                    ctx.move_replica(tp, r, ReplicaState.OFFLINE)
+                    ctx.move_replica(tp, r, ReplicaState.DELETION_INELIGIBLE)
+            self.core.note(f"deletion of topic {topic} waits for broker(s) {dead} to return")
             return
-        batch = self.c.new_batch()
+        batch = self.core.new_batch()
         for tp in ctx.partitions_of(topic):
-            self.ctx.move_partition(tp, PartitionState.OFFLINE)
+            ctx.move_partition(tp, PartitionState.OFFLINE)
         for tp, r in replicas:
-            self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
-            self.ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
+            ctx.move_replica(tp, r, ReplicaState.OFFLINE)
+            ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
             batch.add_stop_replica(r, tp, delete=True)
         self._pending_deletes[topic] = set(replicas)
-        self.c.send(batch)
+        self.core.send(batch)
 
-    def on_stop_replica_response(self, broker: int, response) -> None:
-        self.c.enqueue("deletion_answer", broker, response)
-
-    async def _on_deletion_answer(self, broker: int, response) -> None:
-        for topic, partition, error in response.partitions:
+    def on_stop_replica_response(self, broker: int, partition_errors) -> act.Operation[None]:
+        for topic, partition, error in partition_errors:
             pending = self._pending_deletes.get(topic)
             if pending is None:
                 continue
             key = ((topic, partition), broker)
-            if error == ErrorCode.none and key in pending:
+            if error == act.NONE and key in pending:
                 pending.discard(key)
                 self.ctx.move_replica(*key, ReplicaState.DELETION_SUCCESSFUL)
         for topic, pending in list(self._pending_deletes.items()):
             if not pending:
                 del self._pending_deletes[topic]
-                await self._finish_delete(topic)
+                yield from self._finish_delete(topic)
 
-    async def _finish_delete(self, topic: str) -> None:
+    def _finish_delete(self, topic: str) -> act.Operation[None]:
         ctx = self.ctx
         for tp in ctx.partitions_of(topic):
             for r in ctx.assignments[tp]:
-                self.ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
-            self.ctx.move_partition(tp, PartitionState.NON_EXISTENT)
-        await self.run(self.zk.delete_topic_znodes, topic)
+                ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
+            ctx.move_partition(tp, PartitionState.NON_EXISTENT)
+        yield act.DeleteTopicZnodes(topic)
         ctx.remove_topic(topic)
-        self.c.send_update_metadata()
-        self.c.event(f"topic {topic} deleted")
+        self.core.emit(act.UnwatchTopic(topic))
+        self.core.send_update_metadata()
+        self.core.note(f"topic {topic} deleted")
 
     # -- reassignment -------------------------------------------------------------------------
 
-    async def on_reassignment_requests(self) -> None:
+    def on_partition_reassignment(self) -> act.Operation[None]:
         ctx = self.ctx
-        requested = await self.run(self.zk.reassignments) or {}
+        read = yield act.ReadReassignments()
         finished_at_once = []
-        for tp, target in sorted(requested.items()):
+        for tp, target in sorted((read.requested or {}).items()):
             if tp in ctx.reassignments:
                 continue
             if tp not in ctx.assignments or not target or len(set(target)) != len(target):
@@ -144,97 +128,97 @@ class TopicOperations:
             if tuple(target) == ctx.assignments[tp]:
                 finished_at_once.append(tp)
                 continue
-            await self._start_reassignment(tp, tuple(target))
+            yield from self._start_reassignment(tp, tuple(target))
         if finished_at_once:
-            remaining = {tp: r for tp, r in requested.items() if tp not in finished_at_once}
-            await self.run(self.zk.write_reassignments, remaining)
+            yield act.RemoveReassignments(tuple(finished_at_once))
 
-    async def _start_reassignment(self, tp, target: tuple[int, ...]) -> None:
+    def _start_reassignment(
+        self, tp: TopicPartition, target: tuple[int, ...]
+    ) -> act.Operation[None]:
         ctx = self.ctx
         current = ctx.assignments[tp]
         adding = tuple(r for r in target if r not in current)
-        union = current + adding
         ctx.reassignments[tp] = target
-        ctx.assignments[tp] = union
-        await self._write_assignment(tp[0], adding={tp: adding},
-                                     removing={tp: tuple(r for r in current if r not in target)})  # fmt: skip
+        ctx.assignments[tp] = current + adding
+        yield from self._write_assignment(tp[0], adding={tp: adding},
+                                          removing={tp: tuple(r for r in current if r not in target)})  # fmt: skip
         for r in adding:
-            self.ctx.move_replica(tp, r, ReplicaState.NEW)
-        batch = self.c.new_batch()
-        await self.c.leadership.bump_epoch(tp, batch)
+            ctx.move_replica(tp, r, ReplicaState.NEW)
+        batch = self.core.new_batch()
+        yield from self.core.partitions.bump_epoch(tp, batch)
         for r in adding:
             if r in ctx.live_brokers:
-                self.ctx.move_replica(tp, r, ReplicaState.ONLINE)
-        self.c.send(batch)
-        self.c.event(f"{tp[0]}-{tp[1]}: reassignment {list(current)} -> {list(target)} started")
-        await self._maybe_complete_reassignment(tp)
+                ctx.move_replica(tp, r, ReplicaState.ONLINE)
+        self.core.send(batch)
+        self.core.note(f"{tp[0]}-{tp[1]}: reassignment {list(current)} -> {list(target)} started")
+        yield from self._maybe_complete_reassignment(tp)
 
-    async def _maybe_complete_reassignment(self, tp) -> None:
+    def _maybe_complete_reassignment(self, tp: TopicPartition) -> act.Operation[None]:
         ctx = self.ctx
         target = ctx.reassignments.get(tp)
         lead = ctx.leadership.get(tp)
         if target is None or lead is None or not all(r in lead.state.isr for r in target):
             return
-        union = ctx.assignments[tp]
-        removed = [r for r in union if r not in target]
-        batch = self.c.new_batch()
+        removed = [r for r in ctx.assignments[tp] if r not in target]
+        batch = self.core.new_batch()
         leader = lead.state.leader
         ctx.assignments[tp] = target  # LeaderAndIsr now names only the target replicas
         if leader not in target or leader not in ctx.live_brokers:
-            await self.c.leadership.elect(tp, REASSIGN, batch)
+            yield from self.core.partitions.elect([tp], Strategy.REASSIGN, batch)
         else:
-            await self.c.leadership.bump_epoch(
+            yield from self.core.partitions.bump_epoch(
                 tp, batch, isr=[r for r in lead.state.isr if r in target]
             )
         for r in removed:
-            self.ctx.move_replica(tp, r, ReplicaState.OFFLINE)
-            self.ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
+            ctx.move_replica(tp, r, ReplicaState.OFFLINE)
+            ctx.move_replica(tp, r, ReplicaState.DELETION_STARTED)
             batch.add_stop_replica(r, tp, delete=True)
-            self.ctx.move_replica(tp, r, ReplicaState.DELETION_SUCCESSFUL)
-            self.ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
-        self.c.send(batch)
+            ctx.move_replica(tp, r, ReplicaState.DELETION_SUCCESSFUL)
+            ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
+        self.core.send(batch)
         del ctx.reassignments[tp]
-        await self._write_assignment(tp[0])
-        requested = await self.run(self.zk.reassignments) or {}
-        requested.pop(tp, None)
-        await self.run(self.zk.write_reassignments, requested)
-        self.c.event(f"{tp[0]}-{tp[1]}: reassignment to {list(target)} completed")
+        yield from self._write_assignment(tp[0])
+        yield act.RemoveReassignments((tp,))
+        self.core.note(f"{tp[0]}-{tp[1]}: reassignment to {list(target)} completed")
 
-    async def _write_assignment(self, topic: str, adding=None, removing=None) -> None:
+    def _write_assignment(self, topic: str, adding=None, removing=None) -> act.Operation[None]:
         ctx = self.ctx
         table = {tp[1]: replicas for tp, replicas in ctx.assignments.items() if tp[0] == topic}
         assignment = TopicAssignment(table, {tp[1]: r for tp, r in (adding or {}).items() if r},
                                      {tp[1]: r for tp, r in (removing or {}).items() if r})  # fmt: skip
-        await self.run(self.zk.write_assignment, topic, assignment, ctx.epoch_zk_version)
+        yield act.WriteAssignment(topic, assignment, ctx.epoch_zk_version)
 
-    # -- preferred election and rebalance -----------------------------------------------------
+    # -- preferred and unclean elections on request, and rebalance ----------------------------
 
-    async def on_preferred_requests(self) -> None:
-        requested = await self.run(self.zk.requested_elections, paths.PREFERRED_REPLICA_ELECTION)
-        if requested is None:
+    def on_preferred_replica_election(self) -> act.Operation[None]:
+        read = yield act.ReadElectionRequest(act.ElectionRequest.PREFERRED)
+        if read.partitions is None:
             return
-        await self._elect_preferred([tp for tp in requested if tp in self.ctx.assignments])
-        await self.run(self.zk.delete_election_request, paths.PREFERRED_REPLICA_ELECTION)
+        yield from self._elect_preferred(
+            [tp for tp in read.partitions if tp in self.ctx.assignments]
+        )
+        yield act.DeleteElectionRequest(act.ElectionRequest.PREFERRED)
 
-    async def on_unclean_requests(self) -> None:
+    def on_unclean_leader_election(self) -> act.Operation[None]:
         """An unclean election on request (Kafka's ElectLeaders with UNCLEAN): only for
         partitions without a live leader; any live replica of AR may take over."""
-        requested = await self.run(self.zk.requested_elections, paths.UNCLEAN_LEADER_ELECTION)
-        if requested is None:
+        read = yield act.ReadElectionRequest(act.ElectionRequest.UNCLEAN)
+        if read.partitions is None:
             return
         ctx = self.ctx
-        offline = [tp for tp in sorted(set(requested)) if tp in ctx.leadership
+        offline = [tp for tp in sorted(set(read.partitions)) if tp in ctx.leadership
                    and ctx.leadership[tp].state.leader not in ctx.live_brokers]  # fmt: skip
-        batch = self.c.new_batch()
+        batch = self.core.new_batch()
         for tp in offline:
             ctx.move_partition(tp, PartitionState.OFFLINE)
-        await self.c.leadership.to_online(offline, UNCLEAN, batch)
-        self.c.send(batch)
-        await self.run(self.zk.delete_election_request, paths.UNCLEAN_LEADER_ELECTION)
+        yield from self.core.partitions.to_online(offline, Strategy.UNCLEAN, batch)
+        self.core.send(batch)
+        yield act.DeleteElectionRequest(act.ElectionRequest.UNCLEAN)
 
-    async def _elect_preferred(self, partitions) -> None:
+    def _elect_preferred(self, partitions) -> act.Operation[None]:
         ctx = self.ctx
-        batch = self.c.new_batch()
+        batch = self.core.new_batch()
+        chosen = []
         for tp in sorted(partitions):
             lead = ctx.leadership.get(tp)
             if (
@@ -243,10 +227,11 @@ class TopicOperations:
                 or tp in ctx.reassignments
             ):
                 continue
-            await self.c.leadership.elect(tp, PREFERRED, batch)
-        self.c.send(batch)
+            chosen.append(tp)
+        yield from self.core.partitions.elect(chosen, Strategy.PREFERRED, batch)
+        self.core.send(batch)
 
-    async def check_leader_imbalance(self) -> None:
+    def check_leader_imbalance(self) -> act.Operation[None]:
         """auto.leader.rebalance.enable: move leadership back to preferred replicas on
         brokers whose share of lost preferred leaderships is over 10%."""
         ctx = self.ctx
@@ -257,33 +242,38 @@ class TopicOperations:
                 continue
             not_led = [tp for tp in preferred if ctx.leadership[tp].state.leader != broker]
             if 100 * len(not_led) / len(preferred) > IMBALANCE_PERCENTAGE:
-                self.c.event(f"broker {broker} leads {len(preferred) - len(not_led)} of its "
-                             f"{len(preferred)} preferred partitions; rebalancing")  # fmt: skip
-                await self._elect_preferred(not_led)
+                self.core.note(f"broker {broker} leads {len(preferred) - len(not_led)} of its "
+                               f"{len(preferred)} preferred partitions; rebalancing")  # fmt: skip
+                yield from self._elect_preferred(not_led)
 
     # -- controlled shutdown ------------------------------------------------------------------
 
-    async def controlled_shutdown(self, broker: int, answer) -> None:
+    def controlled_shutdown(self, broker: int, correlation_id: int) -> act.Operation[None]:
         """Move leadership off `broker`, take it out of every ISR, and answer with the
         partitions it still leads (those with no other replica to take over)."""
         ctx = self.ctx
         if broker not in ctx.live_brokers:
-            answer.set_result((ErrorCode.broker_not_available, []))
+            self.core.emit(act.ReplyControlledShutdown(correlation_id, act.BROKER_NOT_AVAILABLE))
             return
         ctx.shutting_down.add(broker)
-        self.c.event(f"broker {broker} is shutting down (controlled)")
-        batch = self.c.new_batch()
+        self.core.note(f"broker {broker} is shutting down (controlled)")
+        batch = self.core.new_batch()
+        led, followed = [], []
         for tp in ctx.partitions_on(broker):
             lead = ctx.leadership.get(tp)
             if lead is None:
                 continue
             if lead.state.leader == broker:
-                if len(ctx.assignments[tp]) > 1 and await self.c.leadership.elect(
-                    tp, CONTROLLED_SHUTDOWN, batch
-                ):
-                    batch.add_stop_replica(broker, tp, delete=False)  # it leads no more
+                if len(ctx.assignments[tp]) > 1:
+                    led.append(tp)
             else:
-                await self.c.leadership.remove_replica_from_isr(tp, broker, batch)
-                batch.add_stop_replica(broker, tp, delete=False)
-        self.c.send(batch)
-        answer.set_result((ErrorCode.none, ctx.partitions_led_by(broker)))
+                followed.append(tp)
+        moved = yield from self.core.partitions.elect(led, Strategy.CONTROLLED_SHUTDOWN, batch)
+        yield from self.core.replicas.remove_replicas_from_isr(
+            [(tp, broker) for tp in followed], batch
+        )
+        for tp in moved + followed:
+            batch.add_stop_replica(broker, tp, delete=False)  # it leads or follows them no more
+        self.core.send(batch)
+        self.core.emit(act.ReplyControlledShutdown(correlation_id, act.NONE,
+                                                   tuple(ctx.partitions_led_by(broker))))  # fmt: skip

@@ -25,11 +25,20 @@ from localcluster.coord.interface import (
     RuntimeInconsistencyError,
 )
 from localcluster.coord.znode_data import (
+    decode_broker_registration,
+    decode_leader_and_isr,
+    decode_topic_assignment,
+    decode_topic_config,
+    encode_broker_registration,
+    encode_leader_and_isr,
+    encode_topic_assignment,
+    encode_topic_config,
+)
+from localcluster.metadata_types import (
     BrokerRegistration,
     LeaderAndIsr,
     TopicAssignment,
-    decode_topic_config,
-    encode_topic_config,
+    TopicPartition,
 )
 
 log = logging.getLogger(__name__)
@@ -37,7 +46,6 @@ log = logging.getLogger(__name__)
 CONFIG_TOPICS = "/config/topics"
 CONFIG_USERS = "/config/users"  # SCRAM credentials, as `kafka-configs.sh --entity-type users`
 CLUSTER_ID = "/cluster/id"
-TopicPartition = tuple[str, int]
 
 
 class ControllerMovedError(Exception):
@@ -64,7 +72,7 @@ class KafkaZkClient:
 
     def register_broker(self, registration: BrokerRegistration) -> None:
         """Create the ephemeral /brokers/ids/<id>; NodeExistsError when it is taken."""
-        self.coord.create(paths.broker_path(registration.broker_id), registration.encode(),
+        self.coord.create(paths.broker_path(registration.broker_id), encode_broker_registration(registration),
                           ephemeral=True)  # fmt: skip
 
     def broker(self, broker_id: int) -> BrokerRegistration | None:
@@ -73,7 +81,7 @@ class KafkaZkClient:
             data, _ = self.coord.get(path)
         except NoNodeError:
             return None
-        return BrokerRegistration.decode(broker_id, path, data)
+        return decode_broker_registration(broker_id, path, data)
 
     def broker_ids(self, watch=None) -> list[int]:
         try:
@@ -155,7 +163,7 @@ class KafkaZkClient:
             data, _ = self.coord.get(path, watch)
         except NoNodeError:
             return None
-        return TopicAssignment.decode(path, data)
+        return decode_topic_assignment(path, data)
 
     # -- users (SCRAM credentials) ------------------------------------------------------------
 
@@ -188,7 +196,7 @@ class KafkaZkClient:
         """Write config and assignment in one transaction (the controller does the rest)."""
         tx = self.coord.transaction()
         tx.create(config_path(topic), encode_topic_config(config))
-        tx.create(paths.topic_path(topic), TopicAssignment(table).encode())
+        tx.create(paths.topic_path(topic), encode_topic_assignment(TopicAssignment(table)))
         results = tx.commit()
         failed = [r for r in results if isinstance(r, Exception)]
         if failed:
@@ -200,7 +208,7 @@ class KafkaZkClient:
             data, stat = self.coord.get(path)
         except NoNodeError:
             return None
-        return LeaderAndIsr.decode(path, data), stat.version
+        return decode_leader_and_isr(path, data), stat.version
 
     # -- writes fenced by the controller epoch -------------------------------------------------
 
@@ -233,7 +241,7 @@ class KafkaZkClient:
             except NodeExistsError:
                 pass
         tx = self._fenced(controller_epoch_version)
-        tx.create(paths.partition_state_path(topic, partition), state.encode())
+        tx.create(paths.partition_state_path(topic, partition), encode_leader_and_isr(state))
         self._commit_fenced(tx)
         return 0
 
@@ -241,7 +249,9 @@ class KafkaZkClient:
                                controller_epoch_version: int) -> int | None:  # fmt: skip
         """Conditional update by the controller; the new version, or None on a version clash."""
         tx = self._fenced(controller_epoch_version)
-        tx.set_data(paths.partition_state_path(*tp), state.encode(), version=zk_version)
+        tx.set_data(
+            paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
+        )
         try:
             (stat,) = self._commit_fenced(tx)
         except (BadVersionError, NoNodeError):
@@ -255,7 +265,9 @@ class KafkaZkClient:
         notification = json.dumps({"version": 1, "partitions": [
             {"topic": tp[0], "partition": tp[1]}]}).encode()  # fmt: skip
         tx = self.coord.transaction()
-        tx.set_data(paths.partition_state_path(*tp), state.encode(), version=zk_version)
+        tx.set_data(
+            paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
+        )
         tx.create(paths.isr_change_notification_prefix(), notification, sequence=True)
         results = tx.commit()
         if any(isinstance(r, Exception) for r in results):
@@ -265,7 +277,7 @@ class KafkaZkClient:
     def write_assignment(self, topic: str, assignment: TopicAssignment,
                          controller_epoch_version: int) -> None:  # fmt: skip
         tx = self._fenced(controller_epoch_version)
-        tx.set_data(paths.topic_path(topic), assignment.encode())
+        tx.set_data(paths.topic_path(topic), encode_topic_assignment(assignment))
         self._commit_fenced(tx)
 
     def delete_topic_znodes(self, topic: str) -> None:

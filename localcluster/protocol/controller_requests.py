@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localcluster.coord.znode_data import EndPoint
+from localcluster.metadata_types import EndPoint
 from localcluster.protocol.wire import Reader, Writer
 
 

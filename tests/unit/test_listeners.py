@@ -11,7 +11,7 @@ from localcluster.broker.listeners import (
     parse_listeners,
     parse_protocol_map,
 )
-from localcluster.coord.znode_data import EndPoint
+from localcluster.metadata_types import EndPoint
 
 MAP = "CLIENT:PLAINTEXT,BROKER:SASL_PLAINTEXT"
 

@@ -9,14 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localcluster.coord.znode_data import (
-    BrokerRegistration,
-    EndPoint,
-    LeaderAndIsr,
-    TopicAssignment,
     ZnodeDataError,
+    decode_broker_registration,
+    decode_leader_and_isr,
+    decode_topic_assignment,
     decode_topic_config,
+    encode_broker_registration,
+    encode_leader_and_isr,
+    encode_topic_assignment,
     encode_topic_config,
 )
+from localcluster.metadata_types import BrokerRegistration, EndPoint, LeaderAndIsr, TopicAssignment
 
 BROKER_PATH = "/brokers/ids/3"
 TOPIC_PATH = "/brokers/topics/t"
@@ -35,7 +38,7 @@ def test_broker_registration_layout():
                  EndPoint("BROKER", "10.0.0.3", 9093, "SASL_PLAINTEXT"))  # fmt: skip
     reg = BrokerRegistration(3, endpoints, "/tmp/b3.sock", rack="r1", pid=42,
                              timestamp_ms=1_700_000_000_000, host_id="boot/4026531840")  # fmt: skip
-    value = json.loads(reg.encode())
+    value = json.loads(encode_broker_registration(reg))
     assert value == {
         "version": 5, "host": "127.0.0.1", "port": 9092,
         "endpoints": ["PLAINTEXT://127.0.0.1:9092", "BROKER://10.0.0.3:9093"],
@@ -43,15 +46,15 @@ def test_broker_registration_layout():
         "jmx_port": -1, "rack": "r1", "timestamp": "1700000000000", "unix_socket": "/tmp/b3.sock",
         "pid": 42, "host_id": "boot/4026531840",
     }  # fmt: skip
-    assert BrokerRegistration.decode(3, BROKER_PATH, reg.encode()) == reg
+    assert decode_broker_registration(3, BROKER_PATH, encode_broker_registration(reg)) == reg
     assert reg.endpoint("BROKER") == endpoints[1] and reg.endpoint("CLIENT") is None
 
 
 def test_broker_registration_without_plaintext_has_kafkas_null_host():
     reg = BrokerRegistration(1, (EndPoint("SASL_PLAINTEXT", "h", 9094, "SASL_PLAINTEXT"),))
-    value = json.loads(reg.encode())
+    value = json.loads(encode_broker_registration(reg))
     assert value["host"] is None and value["port"] == -1
-    assert BrokerRegistration.decode(1, BROKER_PATH, reg.encode()) == reg
+    assert decode_broker_registration(1, BROKER_PATH, encode_broker_registration(reg)) == reg
 
 
 listener_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True)
@@ -67,14 +70,16 @@ endpoint_lists = st.lists(
        st.integers(0, 2**45), st.text(max_size=20))  # fmt: skip
 def test_broker_registration_round_trip(broker_id, endpoints, sock, rack, pid, ts, host):
     reg = BrokerRegistration(broker_id, tuple(endpoints), sock, rack, pid, ts, host)
-    assert BrokerRegistration.decode(broker_id, BROKER_PATH, reg.encode()) == reg
+    assert (
+        decode_broker_registration(broker_id, BROKER_PATH, encode_broker_registration(reg)) == reg
+    )
 
 
 def test_broker_registration_written_by_kafka():
     data = (b'{"listener_security_protocol_map":{"PLAINTEXT":"PLAINTEXT","SASL":"SASL_PLAINTEXT"},'
             b'"endpoints":["PLAINTEXT://kafka1:9092","SASL://kafka1:9094"],"jmx_port":-1,'
             b'"host":"kafka1","timestamp":"1600000000000","port":9092,"version":4}')  # fmt: skip
-    reg = BrokerRegistration.decode(1, BROKER_PATH, data)
+    reg = decode_broker_registration(1, BROKER_PATH, data)
     assert reg == BrokerRegistration(
         1, (EndPoint("PLAINTEXT", "kafka1", 9092), EndPoint("SASL", "kafka1", 9094, "SASL_PLAINTEXT")),
         "", None, None, 1_600_000_000_000)  # fmt: skip
@@ -94,7 +99,7 @@ def test_broker_registration_written_by_kafka():
 ])  # fmt: skip
 def test_broker_registration_garbage(data, match):
     with pytest.raises(ZnodeDataError, match=match) as e:
-        BrokerRegistration.decode(3, BROKER_PATH, data)
+        decode_broker_registration(3, BROKER_PATH, data)
     assert BROKER_PATH in str(e.value)
 
 
@@ -103,22 +108,22 @@ def test_broker_registration_garbage(data, match):
 
 def test_topic_assignment_layout():
     ta = TopicAssignment({1: (2, 3), 0: (1, 2)}, adding_replicas={1: (3,)})
-    assert json.loads(ta.encode()) == {
+    assert json.loads(encode_topic_assignment(ta)) == {
         "version": 2, "partitions": {"0": [1, 2], "1": [2, 3]}, "adding_replicas": {"1": [3]},
         "removing_replicas": {},
     }  # fmt: skip
-    assert TopicAssignment.decode(TOPIC_PATH, ta.encode()) == ta
+    assert decode_topic_assignment(TOPIC_PATH, encode_topic_assignment(ta)) == ta
 
 
 @settings(max_examples=100, deadline=None)
 @given(tables, tables, tables)
 def test_topic_assignment_round_trip(partitions, adding, removing):
     ta = TopicAssignment(partitions, adding, removing)
-    assert TopicAssignment.decode(TOPIC_PATH, ta.encode()) == ta
+    assert decode_topic_assignment(TOPIC_PATH, encode_topic_assignment(ta)) == ta
 
 
 def test_topic_assignment_version_1_written_by_kafka():
-    ta = TopicAssignment.decode(TOPIC_PATH, b'{"version":1,"partitions":{"1":[2,0],"0":[0,1]}}')
+    ta = decode_topic_assignment(TOPIC_PATH, b'{"version":1,"partitions":{"1":[2,0],"0":[0,1]}}')
     assert ta == TopicAssignment({0: (0, 1), 1: (2, 0)}, {}, {})
 
 
@@ -137,7 +142,7 @@ def test_topic_assignment_version_1_written_by_kafka():
 ])  # fmt: skip
 def test_topic_assignment_garbage(data, match):
     with pytest.raises(ZnodeDataError, match=match) as e:
-        TopicAssignment.decode(TOPIC_PATH, data)
+        decode_topic_assignment(TOPIC_PATH, data)
     assert TOPIC_PATH in str(e.value)
 
 
@@ -146,21 +151,21 @@ def test_topic_assignment_garbage(data, match):
 
 def test_partition_state_layout():
     state = LeaderAndIsr(leader=2, leader_epoch=5, isr=(2, 0), controller_epoch=3)
-    assert json.loads(state.encode()) == {"version": 1, "leader": 2, "leader_epoch": 5,
+    assert json.loads(encode_leader_and_isr(state)) == {"version": 1, "leader": 2, "leader_epoch": 5,
                                           "isr": [2, 0], "controller_epoch": 3}  # fmt: skip
-    assert LeaderAndIsr.decode(STATE_PATH, state.encode()) == state
+    assert decode_leader_and_isr(STATE_PATH, encode_leader_and_isr(state)) == state
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(-1, 2**31 - 1), st.integers(0, 2**31 - 1), ids, st.integers(0, 2**31 - 1))
 def test_partition_state_round_trip(leader, epoch, isr, controller_epoch):
     state = LeaderAndIsr(leader, epoch, isr, controller_epoch)
-    assert LeaderAndIsr.decode(STATE_PATH, state.encode()) == state
+    assert decode_leader_and_isr(STATE_PATH, encode_leader_and_isr(state)) == state
 
 
 def test_partition_state_written_by_kafka():
     data = b'{"controller_epoch":1,"leader":1,"version":1,"leader_epoch":0,"isr":[1,2]}'
-    assert LeaderAndIsr.decode(STATE_PATH, data) == LeaderAndIsr(1, 0, (1, 2), 1)
+    assert decode_leader_and_isr(STATE_PATH, data) == LeaderAndIsr(1, 0, (1, 2), 1)
 
 
 @pytest.mark.parametrize("data", [
@@ -176,7 +181,7 @@ def test_partition_state_written_by_kafka():
 ])  # fmt: skip
 def test_partition_state_garbage(data):
     with pytest.raises(ZnodeDataError, match=STATE_PATH):
-        LeaderAndIsr.decode(STATE_PATH, data)
+        decode_leader_and_isr(STATE_PATH, data)
 
 
 # -- topic config -------------------------------------------------------------------------------------
@@ -202,10 +207,10 @@ def test_topic_config_garbage(data):
 def test_encoding_is_canonical():
     # sorted keys, no spaces: equal values are equal bytes (a conditional write compares nothing
     # else, and the file backend's readers see stable content)
-    a = LeaderAndIsr(1, 2, (1, 2), 3).encode()
-    assert a == LeaderAndIsr(1, 2, (1, 2), 3).encode() and b" " not in a
-    assert (
-        TopicAssignment({1: (1,), 0: (0,)}).encode() == TopicAssignment({0: (0,), 1: (1,)}).encode()
+    a = encode_leader_and_isr(LeaderAndIsr(1, 2, (1, 2), 3))
+    assert a == encode_leader_and_isr(LeaderAndIsr(1, 2, (1, 2), 3)) and b" " not in a
+    assert encode_topic_assignment(TopicAssignment({1: (1,), 0: (0,)})) == encode_topic_assignment(
+        TopicAssignment({0: (0,), 1: (1,)})
     )
 
 

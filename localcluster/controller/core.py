@@ -1,0 +1,325 @@
+"""ControllerCore: the controller's decisions, one event at a time, with no I/O (etcd raft's style).
+
+`step(event) -> Ready`: the runtime (controller.py, or the simulator) feeds a controller event
+(events.py), does the Ready's actions in order, and when the Ready names a store operation,
+does it and steps the core with its result; until then the core takes no other event. Inside,
+each event's handler is an Operation (actions.py): a generator that yields the store
+operations it needs and goes on with their results, so a handler reads as Kafka's does.
+
+Rules:
+- One term per core: it is made when its broker wins /controller with the epoch it won, and a
+  ControllerMoved (a fenced write, or the seat watch) ends it with Resign. Every write it asks
+  for names that epoch's /controller_epoch version, every request carries the epoch.
+- Startup (onControllerFailover) loads everything, sends every live broker a full
+  LeaderAndIsr, takes the replicas of brokers that died before it out of their ISRs, and
+  resumes pending deletions, reassignments and election requests.
+- Broker membership (onBrokerStartup, onBrokerFailure), topics and ISR change notifications
+  live here; topic administration in topic_operations.py; elections and partition state
+  writes in partition_state_machine.py; ISR removals in replica_state_machine.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+
+from localcluster.controller import actions as act
+from localcluster.controller import events as ev
+from localcluster.controller.context import ControllerContext
+from localcluster.controller.elections import PartitionLeaderElectionStrategy as Strategy
+from localcluster.controller.partition_state_machine import PartitionStateMachine
+from localcluster.controller.replica_state_machine import ReplicaStateMachine
+from localcluster.controller.request_batch import RequestBatch, update_metadata
+from localcluster.controller.state_machines import PartitionState, ReplicaState
+from localcluster.controller.topic_operations import TopicOperations
+from localcluster.metadata_types import TopicPartition
+
+log = logging.getLogger(__name__)
+
+STORE_RESULTS = tuple(set(act.RESULT_OF.values()))
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    unclean_leader_election_enable: bool = False
+
+
+class ControllerCore:
+    def __init__(self, controller_id: int, epoch: int, epoch_zk_version: int,
+                 settings: ControllerSettings | None = None):  # fmt: skip
+        settings = settings or ControllerSettings()
+        self.controller_id = controller_id
+        self.ctx = ControllerContext(epoch=epoch, epoch_zk_version=epoch_zk_version)
+        self._actions: list[act.Action] = []
+        self.partitions = PartitionStateMachine(self.ctx, self._actions,
+                                                settings.unclean_leader_election_enable)  # fmt: skip
+        self.replicas = ReplicaStateMachine(self.partitions)
+        self.topics = TopicOperations(self)
+        self._operation: act.Operation | None = None
+        self._expected: type | None = None  # the result type the operation waits for
+        self.started = False
+        self.resigned = False
+
+    @property
+    def waiting(self) -> bool:
+        """True while a store operation is out: only its result may be stepped."""
+        return self._operation is not None
+
+    # -- the step loop ------------------------------------------------------------------------
+
+    def step(self, event) -> act.Ready:
+        assert not self.resigned, f"a resigned controller was stepped with {event!r}"
+        if isinstance(event, ev.ControllerMoved):
+            self._drop_operation()
+            self.resigned = True
+            self._actions.append(act.Resign(event.reason))
+            return self._ready(None)
+        if self._operation is not None:
+            assert isinstance(event, self._expected), (
+                f"waiting for {self._expected.__name__}, stepped with {event!r}")  # fmt: skip
+            return self._advance(event)
+        assert not isinstance(event, STORE_RESULTS), f"{event!r} answers nothing that was asked"
+        assert self.started or isinstance(event, ev.Startup), f"{event!r} before Startup"
+        self.started = True
+        operation = self._handle(event)
+        if not inspect.isgenerator(operation):
+            return self._ready(None)
+        self._operation = operation
+        return self._advance(None)
+
+    def abort(self, reason: str) -> act.Ready:
+        """The runtime could not do the store operation: drop the event being handled (what
+        it decided so far stays; what it had not sent yet is lost), as an exception would."""
+        log.error("controller: dropping the event being handled: %s", reason)
+        self._drop_operation()
+        return self._ready(None)
+
+    def _advance(self, result) -> act.Ready:
+        try:
+            operation = self._operation.send(result)
+        except StopIteration:
+            self._operation = self._expected = None
+            return self._ready(None)
+        except BaseException:  # the handler broke (a bug): it is over; the next event may run
+            self._operation = self._expected = None
+            self._actions.clear()
+            raise
+        self._expected = act.RESULT_OF[type(operation)]
+        return self._ready(operation)
+
+    def _ready(self, operation) -> act.Ready:
+        actions = list(self._actions)
+        self._actions.clear()
+        return act.Ready(actions, operation)
+
+    def _drop_operation(self) -> None:
+        if self._operation is not None:
+            self._operation.close()
+        self._operation = self._expected = None
+
+    def _handle(self, event):
+        topics = self.topics
+        match event:
+            case ev.Startup():
+                return self._on_startup()
+            case ev.BrokerChange():
+                return self._on_broker_change()
+            case ev.TopicChange():
+                return self._on_topic_change()
+            case ev.PartitionModifications(topic=topic):
+                return self._on_partition_modifications(topic)
+            case ev.IsrChangeNotification():
+                return self._on_isr_change()
+            case ev.TopicDeletion():
+                return topics.on_topic_deletion()
+            case ev.PartitionReassignment():
+                return topics.on_partition_reassignment()
+            case ev.PreferredReplicaLeaderElection():
+                return topics.on_preferred_replica_election()
+            case ev.UncleanLeaderElection():
+                return topics.on_unclean_leader_election()
+            case ev.AutoPreferredReplicaLeaderElection():
+                return topics.check_leader_imbalance()
+            case ev.ControlledShutdown():
+                return topics.controlled_shutdown(event.broker_id, event.correlation_id)
+            case ev.StopReplicaResponseReceived():
+                return topics.on_stop_replica_response(event.broker_id, event.partition_errors)
+        raise AssertionError(f"controller: no handler for {event!r}")
+
+    # -- what handlers share ------------------------------------------------------------------
+
+    def note(self, line: str) -> None:
+        self._actions.append(act.Note(line))
+
+    def emit(self, action: act.Action) -> None:
+        self._actions.append(action)
+
+    def new_batch(self) -> RequestBatch:
+        return RequestBatch(self.controller_id, self.ctx)
+
+    def send(self, batch: RequestBatch) -> None:
+        """Send what an event decided, then every live broker's new metadata picture."""
+        self._actions.extend(batch.actions())
+        self.send_update_metadata()
+
+    def send_update_metadata(self) -> None:
+        self._actions.append(update_metadata(self.controller_id, self.ctx))
+
+    # -- failover -----------------------------------------------------------------------------
+
+    def _on_startup(self) -> act.Operation[None]:
+        ctx = self.ctx
+        brokers = yield act.ReadBrokers()
+        ctx.live_brokers = dict(brokers.live)
+        for _, registration in sorted(ctx.live_brokers.items()):
+            self.emit(act.AddBroker(registration))
+        names = yield act.ReadTopicNames()
+        yield from self._load_topics(names.topics)
+        for topic in sorted(ctx.topics()):
+            self.emit(act.WatchTopic(topic))
+        self._initialize_states()
+        batch = self.new_batch()
+        for tp in sorted(ctx.leadership):
+            batch.add_leader_and_isr(tp, ctx.assignments[tp])
+        yield from self.partitions.trigger_online_partition_state_change(batch)
+        # Replicas on brokers that died before this failover leave the ISR now (Kafka's
+        # ReplicaStateMachine.startup): no BrokerChange will ever report them dead to us.
+        removals = [(tp, r) for tp, replicas in sorted(ctx.assignments.items())
+                    for r in replicas if r not in ctx.live_brokers]  # fmt: skip
+        yield from self.replicas.remove_replicas_from_isr(removals, batch)
+        self.send(batch)
+        yield from self.topics.on_topic_deletion()
+        yield from self.topics.on_partition_reassignment()
+        yield from self.topics.on_preferred_replica_election()
+        yield from self.topics.on_unclean_leader_election()
+
+    def _load_topics(self, topics) -> act.Operation[list[TopicPartition]]:
+        """Assignments, configs and state znodes of the partitions not known yet."""
+        ctx = self.ctx
+        if not topics:
+            return []
+        read = yield act.ReadTopics(tuple(topics))
+        added = []
+        for topic in topics:
+            assignment = read.assignments.get(topic)
+            if assignment is None:
+                continue
+            ctx.topic_configs[topic] = dict(read.configs.get(topic, {}))
+            for p, replicas in sorted(assignment.partitions.items()):
+                tp = (topic, p)
+                if tp not in ctx.assignments:
+                    ctx.assignments[tp] = tuple(replicas)
+                    added.append(tp)
+        yield from self.partitions.reload(added)
+        return added
+
+    def _initialize_states(self) -> None:
+        ctx = self.ctx
+        live = set(ctx.live_brokers)
+        for tp, replicas in ctx.assignments.items():
+            for replica in replicas:
+                ctx.replica_states.move((tp, replica), ReplicaState.NEW)
+                ctx.replica_states.move((tp, replica), ReplicaState.ONLINE if replica in live
+                                        else ReplicaState.OFFLINE)  # fmt: skip
+            ctx.partition_states.move(tp, PartitionState.NEW)
+            lead = ctx.leadership.get(tp)
+            if lead is not None:
+                led = lead.state.leader in live
+                ctx.partition_states.move(
+                    tp, PartitionState.ONLINE if led else PartitionState.OFFLINE
+                )
+
+    # -- brokers ------------------------------------------------------------------------------
+
+    def _on_broker_change(self) -> act.Operation[None]:
+        ctx = self.ctx
+        read = yield act.ReadBrokers()
+        current = read.live
+        bounced = {
+            b for b, r in current.items() if b in ctx.live_brokers and r != ctx.live_brokers[b]
+        }
+        dead = (set(ctx.live_brokers) - set(current)) | bounced
+        new = (set(current) - set(ctx.live_brokers)) | bounced
+        ctx.live_brokers = dict(current)
+        for broker in sorted(dead):
+            ctx.shutting_down.discard(broker)
+            self.emit(act.RemoveBroker(broker))
+        for broker in sorted(new):
+            self.emit(act.AddBroker(current[broker]))
+        if dead:
+            self.note(f"broker(s) {sorted(dead)} died")
+            yield from self._on_broker_failure(dead)
+        if new:
+            self.note(f"broker(s) {sorted(new)} registered")
+            yield from self._on_broker_startup(new)
+
+    def _on_broker_failure(self, dead: set[int]) -> act.Operation[None]:
+        ctx = self.ctx
+        batch = self.new_batch()
+        for tp, lead in sorted(ctx.leadership.items()):
+            if lead.state.leader in dead and tp[0] not in ctx.topics_to_delete:
+                ctx.move_partition(tp, PartitionState.OFFLINE)
+        yield from self.partitions.trigger_online_partition_state_change(batch)
+        removals = []
+        for broker in sorted(dead):
+            for tp in ctx.partitions_on(broker):
+                ctx.move_replica(tp, broker, ReplicaState.OFFLINE)
+                removals.append((tp, broker))
+        yield from self.replicas.remove_replicas_from_isr(removals, batch)
+        self.send(batch)
+
+    def _on_broker_startup(self, new: set[int]) -> act.Operation[None]:
+        ctx = self.ctx
+        batch = self.new_batch()
+        for broker in sorted(new):
+            for tp in ctx.partitions_on(broker):
+                ctx.move_replica(tp, broker, ReplicaState.ONLINE)
+                if tp in ctx.leadership:
+                    batch.add_leader_and_isr(tp, [broker])
+        yield from self.partitions.trigger_online_partition_state_change(batch)
+        self.send(batch)
+        yield from self.topics.after_brokers_started()
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def _on_topic_change(self) -> act.Operation[None]:
+        ctx = self.ctx
+        read = yield act.ReadTopicNames()
+        in_store = set(read.topics)
+        for topic in sorted(ctx.topics() - in_store):
+            ctx.remove_topic(topic)
+            self.emit(act.UnwatchTopic(topic))
+        new_topics = sorted(in_store - ctx.topics())
+        new_partitions = yield from self._load_topics(new_topics)
+        for topic in new_topics:
+            self.emit(act.WatchTopic(topic))
+        yield from self.on_new_partitions(new_partitions)
+
+    def _on_partition_modifications(self, topic: str) -> act.Operation[None]:
+        if topic in self.ctx.topics() and topic not in self.ctx.topics_to_delete:
+            added = yield from self._load_topics([topic])
+            yield from self.on_new_partitions(added)
+
+    def on_new_partitions(self, partitions: list[TopicPartition]) -> act.Operation[None]:
+        """New partitions: NonExistent -> New -> Online; their replicas New -> Online."""
+        if not partitions:
+            return
+        ctx = self.ctx
+        for tp in partitions:
+            ctx.move_partition(tp, PartitionState.NEW)
+            for replica in ctx.assignments[tp]:
+                ctx.move_replica(tp, replica, ReplicaState.NEW)
+        batch = self.new_batch()
+        yield from self.partitions.to_online(partitions, Strategy.OFFLINE, batch)
+        for tp in partitions:
+            for replica in ctx.live_replicas(tp):
+                ctx.move_replica(tp, replica, ReplicaState.ONLINE)
+        self.send(batch)
+
+    def _on_isr_change(self) -> act.Operation[None]:
+        read = yield act.ConsumeIsrChangeNotifications()
+        changed = set(read.partitions)
+        yield from self.partitions.reload(changed)
+        yield from self.topics.after_isr_change(changed)
+        self.send_update_metadata()

@@ -1,0 +1,74 @@
+"""The requests one controller event sends (Kafka's ControllerBrokerRequestBatch), and the
+UpdateMetadata picture. Pure: the batch turns into send actions, the runtime sends them.
+
+A batch collects LeaderAndIsr partition states and StopReplica partitions per broker while an
+event is handled, and becomes one request of each kind per broker (partitions sorted, brokers
+in order), LeaderAndIsr first. LeaderAndIsr goes only to live brokers that are not shutting
+down (Kafka's isReplicaOnline): one told to follow would fetch, catch up and be taken back
+into the ISR it is leaving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from localcluster.controller import actions as act
+from localcluster.controller.context import ControllerContext
+from localcluster.metadata_types import TopicPartition
+from localcluster.protocol import controller_requests as cr
+
+
+class RequestBatch:
+    def __init__(self, controller_id: int, ctx: ControllerContext):
+        self.controller_id = controller_id
+        self.ctx = ctx
+        self.leader_and_isr: dict[int, dict[TopicPartition, cr.PartitionState]] = {}
+        self.stop_replica: dict[tuple[int, bool], set[TopicPartition]] = {}
+
+    def add_leader_and_isr(self, tp: TopicPartition, brokers: Iterable[int],
+                           is_new: bool = False) -> None:  # fmt: skip
+        """The partition's current state (as the context holds it) to `brokers`."""
+        ctx = self.ctx
+        lead = ctx.leadership[tp]
+        state = cr.PartitionState(tp[0], tp[1], ctx.epoch, lead.state.leader,
+                                  lead.state.leader_epoch, lead.state.isr, lead.zk_version,
+                                  ctx.assignments[tp], is_new)  # fmt: skip
+        for broker in brokers:
+            if broker in ctx.live_brokers and broker not in ctx.shutting_down:
+                self.leader_and_isr.setdefault(broker, {})[tp] = state
+
+    def add_stop_replica(self, broker: int, tp: TopicPartition, delete: bool) -> None:
+        self.stop_replica.setdefault((broker, delete), set()).add(tp)
+
+    def actions(self) -> list[act.Action]:
+        """The requests, and the batch empty again."""
+        out: list[act.Action] = []
+        epoch = self.ctx.epoch
+        for broker, states in sorted(self.leader_and_isr.items()):
+            request = cr.LeaderAndIsrRequest(self.controller_id, epoch,
+                                             tuple(states[k] for k in sorted(states)))  # fmt: skip
+            out.append(act.SendLeaderAndIsr(broker, request))
+        for (broker, delete), tps in sorted(self.stop_replica.items()):
+            request = cr.StopReplicaRequest(self.controller_id, epoch, delete, tuple(sorted(tps)))
+            out.append(act.SendStopReplica(broker, request))
+        self.leader_and_isr.clear()
+        self.stop_replica.clear()
+        return out
+
+
+def update_metadata(controller_id: int, ctx: ControllerContext) -> act.SendUpdateMetadata:
+    """A full picture (live brokers, every partition's leadership) for every live broker:
+    simpler than Kafka's incremental updates and never wrong; its size grows with the
+    partition count, which a single host keeps small."""
+    live = ctx.live_brokers
+    states, offline = [], []
+    for tp, lead in sorted(ctx.leadership.items()):
+        if tp not in ctx.assignments or tp[0] in ctx.topics_to_delete:
+            continue
+        replicas = ctx.assignments[tp]
+        states.append(cr.PartitionState(tp[0], tp[1], ctx.epoch, lead.state.leader,
+                                        lead.state.leader_epoch, lead.state.isr,
+                                        lead.zk_version, replicas))  # fmt: skip
+        offline.append(tuple(r for r in replicas if r not in live))
+    return act.SendUpdateMetadata(tuple(sorted(live)), controller_id, ctx.epoch, tuple(states),
+                                  tuple(offline), tuple(r for _, r in sorted(live.items())))  # fmt: skip

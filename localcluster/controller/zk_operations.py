@@ -1,0 +1,100 @@
+"""The controller core's store operations, done with KafkaZkClient. Runtime: these block.
+
+`execute(operation)` does one operation (actions.py) and returns its result event (events.py).
+A write that /controller_epoch's version check held back raises ControllerMovedError (the
+runtime answers the core with ControllerMoved); a conditional write whose version clashed, or a
+create that found the znode there, is reported as a conflict, not raised.
+"""
+
+from __future__ import annotations
+
+from localcluster.controller import actions as act
+from localcluster.controller import events as ev
+from localcluster.controller.context import Leadership
+from localcluster.coord import paths
+from localcluster.coord.interface import NodeExistsError
+from localcluster.coord.kafka_zk import KafkaZkClient
+
+ELECTION_REQUEST_PATHS = {
+    act.ElectionRequest.PREFERRED: paths.PREFERRED_REPLICA_ELECTION,
+    act.ElectionRequest.UNCLEAN: paths.UNCLEAN_LEADER_ELECTION,
+}
+
+
+class ZkOperations:
+    def __init__(self, zk: KafkaZkClient):
+        self.zk = zk
+
+    def execute(self, operation: act.StoreOperation) -> ev.StoreResult:
+        zk = self.zk
+        match operation:
+            case act.ReadBrokers():
+                return ev.BrokersRead(zk.live_brokers())
+            case act.ReadTopicNames():
+                return ev.TopicNamesRead(tuple(zk.topics()))
+            case act.ReadTopics(topics=topics):
+                return self._read_topics(topics)
+            case act.ReadPartitionStates(partitions=partitions):
+                return ev.PartitionStatesRead({tp: self._state(tp) for tp in partitions})
+            case act.WritePartitionStates():
+                return self._write_states(operation)
+            case act.WriteAssignment(topic=topic, assignment=assignment):
+                zk.write_assignment(topic, assignment, operation.controller_epoch_zk_version)
+                return ev.StoreWritten()
+            case act.DeleteTopicZnodes(topic=topic):
+                zk.delete_topic_znodes(topic)
+                return ev.StoreWritten()
+            case act.ConsumeIsrChangeNotifications():
+                changed = set()
+                for name in zk.isr_change_notifications():
+                    changed.update(zk.consume_isr_change_notification(name))
+                return ev.IsrChangesRead(tuple(sorted(changed)))
+            case act.ReadTopicDeletions():
+                return ev.TopicDeletionsRead(tuple(zk.topics_to_delete()))
+            case act.ReadReassignments():
+                return ev.ReassignmentsRead(zk.reassignments())
+            case act.RemoveReassignments(partitions=partitions):
+                requested = zk.reassignments() or {}
+                for tp in partitions:
+                    requested.pop(tp, None)
+                zk.write_reassignments(requested)
+                return ev.StoreWritten()
+            case act.ReadElectionRequest(kind=kind):
+                found = zk.requested_elections(ELECTION_REQUEST_PATHS[kind])
+                return ev.ElectionRequestRead(None if found is None else tuple(found))
+            case act.DeleteElectionRequest(kind=kind):
+                zk.delete_election_request(ELECTION_REQUEST_PATHS[kind])
+                return ev.StoreWritten()
+        raise AssertionError(f"controller: no store operation {operation!r}")
+
+    def _state(self, tp) -> Leadership | None:
+        found = self.zk.partition_state(*tp)
+        return None if found is None else Leadership(*found)
+
+    def _read_topics(self, topics) -> ev.TopicsRead:
+        assignments, configs = {}, {}
+        for topic in topics:
+            assignment = self.zk.assignment(topic)
+            if assignment is not None:
+                assignments[topic] = assignment
+                configs[topic] = self.zk.topic_config(topic)
+        return ev.TopicsRead(assignments, configs)
+
+    def _write_states(self, operation: act.WritePartitionStates) -> ev.PartitionStatesWritten:
+        fence = operation.controller_epoch_zk_version
+        versions, conflicts = {}, []
+        for write in operation.writes:
+            if write.zk_version is None:
+                try:
+                    versions[write.tp] = self.zk.create_partition_state(
+                        write.tp, write.state, fence
+                    )
+                except NodeExistsError:
+                    conflicts.append(write.tp)
+                continue
+            version = self.zk.update_partition_state(write.tp, write.state, write.zk_version, fence)
+            if version is None:
+                conflicts.append(write.tp)
+            else:
+                versions[write.tp] = version
+        return ev.PartitionStatesWritten(versions, tuple(conflicts))
