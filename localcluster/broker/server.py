@@ -333,10 +333,7 @@ class BrokerServer:
                 log.exception("periodic %s failed; will retry", getattr(action, "__name__", action))
 
     def _retention(self) -> None:
-        now_ms = int(time.time() * 1000)
-        for hosted in self.replica_manager.partitions.values():
-            if hosted.log.delete_old_segments(now_ms, hosted.state.high_watermark):
-                hosted.state.on_log_start_offset(hosted.log.log_start_offset)
+        self.replica_manager.retention(int(time.time() * 1000))
 
     async def _shutdown(self) -> None:
         if self.controller is not None and self.config.controlled_shutdown_enable:
