@@ -23,6 +23,7 @@ from pathlib import Path
 from kio.schema.errors import ErrorCode
 
 from localcluster.broker.config import BrokerConfig
+from localcluster.broker.log_manager import LogManager
 from localcluster.broker.state_change_log import log_state_change
 from localcluster.metrics.board import NullMetricsWriter
 from localcluster.protocol.controller_requests import (
@@ -41,16 +42,11 @@ from localcluster.replication.replica_core import (
     fetch_answerable,
 )
 from localcluster.storage import (
-    RECOVERY_POINT_OFFSET_CHECKPOINT,
-    REPLICATION_OFFSET_CHECKPOINT,
     CorruptRecordError,
     Log,
     LogConfig,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
-    UnexpectedAppendOffsetError,
-    read_partition_offsets,
-    write_partition_offsets,
 )
 
 log = logging.getLogger(__name__)
@@ -83,15 +79,6 @@ class AppendNotifier:
             pass
 
 
-def partition_dir_name(topic: str, partition: int) -> str:
-    return f"{topic}-{partition}"
-
-
-def parse_partition_dir(name: str) -> TopicPartition | None:
-    topic, sep, number = name.rpartition("-")
-    return (topic, int(number)) if sep and topic and number.isdigit() else None
-
-
 def replica_config(config: BrokerConfig) -> ReplicaConfig:
     return ReplicaConfig(config.replication_protocol, config.min_insync_replicas,
                          config.replica_lag_time_max_ms, config.replica_fetch_wait_max_ms,
@@ -109,7 +96,7 @@ class ReplicaManager:
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
-        self._logs: dict[TopicPartition, Log] = {}
+        self.log_manager = LogManager(data_dir, checkpoint_dir, self.log_config)
         self._isr_tasks: set[asyncio.Task] = set()
 
     @property
@@ -135,54 +122,26 @@ class ReplicaManager:
 
     def open_logs(self) -> None:
         """Open (and recover) every partition log in the data dir."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        recovery_points = read_partition_offsets(
-            self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT
-        )
-        checkpointed_hw = read_partition_offsets(
-            self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT
-        )
-        for path in sorted(self.data_dir.iterdir()):
-            tp = parse_partition_dir(path.name) if path.is_dir() else None
-            if tp is None:
-                continue
-            opened = Log.open(path, self.log_config(), recovery_point=recovery_points.get(tp, 0))
-            self._logs[tp] = opened
-            log.info("opened log %s-%d: offsets [%d, %d), checkpointed HW %s%s", tp[0], tp[1],
-                     opened.log_start_offset, opened.log_end_offset, checkpointed_hw.get(tp),
-                     f", recovery cut {sum(c.bytes_cut for c in opened.cuts)} bytes"
-                     if opened.cuts else "")  # fmt: skip
-        self.core.open_logs(self._logs, checkpointed_hw)
+        checkpointed_hw = self.log_manager.open_logs()
+        self.core.open_logs(self.log_manager.logs, checkpointed_hw)
 
     def get_or_create_log(
         self, tp: TopicPartition, topic_config: dict[str, str] | None = None
     ) -> Log:
-        existing = self._logs.get(tp)
-        if existing is None:
-            existing = Log.open(
-                self.data_dir / partition_dir_name(*tp), self.log_config(topic_config)
-            )
-            self._logs[tp] = existing
-            self.core.add_log(tp, existing)
-        return existing
+        lg = self.log_manager.get_or_create(tp, topic_config)
+        self.core.add_log(tp, lg)
+        return lg
 
     def checkpoint_high_watermarks(self) -> None:
-        write_partition_offsets(self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT,
-                                self.core.checkpoint_high_watermarks())  # fmt: skip
+        self.log_manager.write_high_watermarks(self.core.checkpoint_high_watermarks())
 
     def checkpoint(self) -> None:
         """Flush every log, then write recovery points and high watermarks."""
-        recovery_points = {tp: lg.flush() for tp, lg in self._logs.items()}
-        write_partition_offsets(self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT,
-                                recovery_points)  # fmt: skip
+        self.log_manager.checkpoint_recovery_points()
         self.checkpoint_high_watermarks()
 
     def close(self) -> None:
-        self.checkpoint()
-        for lg in self._logs.values():
-            lg.close()
-        self._logs.clear()
+        self.log_manager.close(self.core.checkpoint_high_watermarks())
         self.partitions.clear()
 
     def publish_replicas(self) -> None:
@@ -193,9 +152,9 @@ class ReplicaManager:
 
     def retention(self, now_ms: int) -> None:
         """Delete old segments below the HW (log.retention.*); the log start moves."""
-        for tp, hosted in self.partitions.items():
-            if self._logs[tp].delete_old_segments(now_ms, hosted.state.high_watermark):
-                self.core.on_log_start_offset(tp)
+        hws = {tp: h.state.high_watermark for tp, h in self.partitions.items()}
+        for tp in self.log_manager.delete_old_segments(now_ms, hws):
+            self.core.on_log_start_offset(tp)
 
     # -- carrying out the core's Ready ---------------------------------------------------------
 
@@ -203,9 +162,12 @@ class ReplicaManager:
         if ready is r.EMPTY:
             return
         for action in ready.log_actions:
-            self._log_action(action)
+            self.log_manager.apply(action)
         for append in ready.follower_appends:
-            self._append_as_follower(append)
+            failure = self.log_manager.append_as_follower(append)
+            self.execute(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
+                         if failure else
+                         self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
         for change in ready.state_changes:
             log_state_change(change)
             if isinstance(change, r.IsrChanged):
@@ -222,29 +184,6 @@ class ReplicaManager:
         if ready.wakeup_at_ms is not None:
             delay_s = max(ready.wakeup_at_ms - self.now_ms(), 0) / 1000 + 0.001
             asyncio.get_running_loop().call_later(delay_s, self._tick)
-
-    def _log_action(self, action) -> None:
-        tp = action.tp
-        if isinstance(action, r.AssignEpoch):
-            self._logs[tp].leader_epoch_cache.assign(action.leader_epoch, action.start_offset)
-        elif isinstance(action, r.TruncateTo):
-            self._logs[tp].truncate_to(action.offset)
-        elif isinstance(action, r.TruncateFullyAndStartAt):
-            self._logs[tp].truncate_fully_and_start_at(action.offset)
-        else:
-            assert isinstance(action, r.DeleteLog), action
-            lg = self._logs.pop(tp, None)
-            if lg is not None:
-                lg.delete()
-
-    def _append_as_follower(self, append: r.FollowerAppend) -> None:
-        try:
-            if len(append.records):
-                self._logs[append.tp].append_as_follower(append.records)
-        except (UnexpectedAppendOffsetError, CorruptRecordError) as e:
-            self.execute(self.core.on_follower_append_failed(append.tp, str(e), self.now_ms()))
-            return
-        self.execute(self.core.on_follower_appended(append.tp, append.leader_high_watermark))
 
     def _tick(self) -> None:
         """A produce's deadline or an ISR retry is due."""
@@ -310,7 +249,7 @@ class ReplicaManager:
         if isinstance(append, r.ProduceAnswer):
             return ProducePartitionResponse(partition, append.error,
                                             error_message=append.message), None, None  # fmt: skip
-        lg = self._logs[tp]
+        lg = self.log_manager.logs[tp]
         try:
             info = lg.append(records, append.leader_epoch)
         except CorruptRecordError as e:
@@ -396,7 +335,7 @@ class ReplicaManager:
         error, hosted = self.core.leader_for(tp, current_leader_epoch)
         if hosted is None:
             return FetchPartitionResponse(tp[1], error)
-        state, lg = hosted.state, self._logs[tp]
+        state, lg = hosted.state, self.log_manager.logs[tp]
         response = FetchPartitionResponse(tp[1], ErrorCode.none, state.high_watermark,
                                           state.high_watermark, lg.log_start_offset)  # fmt: skip
         if max_bytes <= 0 and not first:
@@ -420,7 +359,7 @@ class ReplicaManager:
         error, hosted = self.core.leader_for(tp)
         if hosted is None:
             return error, -1, -1
-        lg = self._logs[tp]
+        lg = self.log_manager.logs[tp]
         if timestamp == EARLIEST_TIMESTAMP:
             return ErrorCode.none, -1, lg.log_start_offset
         if timestamp == LATEST_TIMESTAMP:

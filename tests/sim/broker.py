@@ -18,22 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localcluster.broker.replica_manager import parse_partition_dir
+from localcluster.broker.log_manager import LogManager
 from localcluster.replication import errors
 from localcluster.replication import ready as r
 from localcluster.replication.replica_core import ReplicaConfig, ReplicaCore, fetch_answerable
-from localcluster.storage import (
-    RECOVERY_POINT_OFFSET_CHECKPOINT,
-    REPLICATION_OFFSET_CHECKPOINT,
-    Log,
-    LogConfig,
-    OffsetOutOfRangeError,
-    Record,
-    UnexpectedAppendOffsetError,
-    encode_batch,
-    read_partition_offsets,
-    write_partition_offsets,
-)
+from localcluster.storage import Log, LogConfig, OffsetOutOfRangeError, Record, encode_batch
 from tests.sim import network as m
 
 TopicPartition = tuple[str, int]
@@ -134,7 +123,6 @@ class SimBroker:
         self.observer = observer
         self.core = ReplicaCore(broker_id, config.replica_config())
         self.partitions = self.core.partitions  # what the invariant checker reads
-        self.logs: dict[TopicPartition, Log] = {}
         self.parked: list[ParkedFetch] = []
         self.pending: dict[int, Pending] = {}
         self.session = -1
@@ -153,33 +141,17 @@ class SimBroker:
     def now_ms(self) -> int:
         return self.clock.now_ms()
 
-    # -- logs and checkpoints (ReplicaManager.open_logs / checkpoint_* / close) -----------------
+    # -- logs and checkpoints (broker/log_manager.py, as the runtime keeps them) --------------
 
     def open_logs(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        recovery_points = read_partition_offsets(self.directory / RECOVERY_POINT_OFFSET_CHECKPOINT)
-        for path in sorted(self.directory.iterdir()):
-            tp = parse_partition_dir(path.name) if path.is_dir() else None
-            if tp is not None:
-                self.logs[tp] = Log.open(path, self.config.log_config(),
-                                         recovery_point=recovery_points.get(tp, 0))  # fmt: skip
-        checkpointed = read_partition_offsets(self.directory / REPLICATION_OFFSET_CHECKPOINT)
-        self.core.open_logs(self.logs, checkpointed)
-
-    def checkpoint_high_watermarks(self) -> None:
-        write_partition_offsets(self.directory / REPLICATION_OFFSET_CHECKPOINT,
-                                self.core.checkpoint_high_watermarks())  # fmt: skip
-
-    def checkpoint_recovery_points(self) -> None:
-        points = {tp: lg.flush() for tp, lg in self.logs.items()}
-        write_partition_offsets(self.directory / RECOVERY_POINT_OFFSET_CHECKPOINT, points)
+        self.log_manager = LogManager(self.directory, self.directory,
+                                      lambda _: self.config.log_config())  # fmt: skip
+        self.logs = self.log_manager.logs  # what the invariant checker reads
+        self.core.open_logs(self.logs, self.log_manager.open_logs())
 
     def close(self) -> None:
         """Clean shutdown: flush, checkpoint, close every log."""
-        self.checkpoint_recovery_points()
-        self.checkpoint_high_watermarks()
-        for lg in self.logs.values():
-            lg.close()
+        self.log_manager.close(self.core.checkpoint_high_watermarks())
 
     # -- carrying out a Ready -------------------------------------------------------------------
 
@@ -187,19 +159,14 @@ class SimBroker:
         if ready is r.EMPTY:
             return
         for action in ready.log_actions:
-            lg = self.logs[action.tp]
-            if isinstance(action, r.AssignEpoch):
-                lg.leader_epoch_cache.assign(action.leader_epoch, action.start_offset)
-            elif isinstance(action, r.TruncateTo):
-                truncated(lg)
-                lg.truncate_to(action.offset)
-            elif isinstance(action, r.TruncateFullyAndStartAt):
-                truncated(lg)
-                lg.truncate_fully_and_start_at(action.offset)
-            else:
-                self.logs.pop(action.tp).delete()
+            if isinstance(action, (r.TruncateTo, r.TruncateFullyAndStartAt)):
+                truncated(self.logs[action.tp])
+            self.log_manager.apply(action)
         for append in ready.follower_appends:
-            self._append_as_follower(append)
+            failure = self.log_manager.append_as_follower(append)
+            self.run(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
+                     if failure else
+                     self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
         for change in ready.state_changes:
             if isinstance(change, r.Leading):
                 self.observer.on_leader(self.broker_id, change.tp, change.leader_epoch)
@@ -215,15 +182,6 @@ class SimBroker:
             self.run(self.core.poll_fetch_session(leader, self.now_ms()))
         for plan in ready.requests:
             self._send_to_leader(plan)
-
-    def _append_as_follower(self, append: r.FollowerAppend) -> None:
-        try:
-            if len(append.records):
-                self.logs[append.tp].append_as_follower(append.records)
-        except UnexpectedAppendOffsetError as e:  # the runtime logs it and retries later
-            self.run(self.core.on_follower_append_failed(append.tp, str(e), self.now_ms()))
-            return
-        self.run(self.core.on_follower_appended(append.tp, append.leader_high_watermark))
 
     def next_corr(self) -> int:
         self._corr += 1
@@ -263,10 +221,10 @@ class SimBroker:
         for leader in core.fetch_session_leaders():
             self.run(core.poll_fetch_session(leader, now))
         if now >= self.next_hw_checkpoint_ms:
-            self.checkpoint_high_watermarks()
+            self.log_manager.write_high_watermarks(core.checkpoint_high_watermarks())
             self.next_hw_checkpoint_ms = now + config.replica_high_watermark_checkpoint_interval_ms
         if now >= self.next_flush_ms:
-            self.checkpoint_recovery_points()
+            self.log_manager.checkpoint_recovery_points()
             self.next_flush_ms = now + config.log_flush_offset_checkpoint_interval_ms
         if now >= self.next_shrink_ms:
             self.run(core.maybe_shrink_isr(now))
@@ -281,12 +239,11 @@ class SimBroker:
 
     def retention(self) -> None:
         """server._retention: delete old segments below the HW; the log start moves."""
-        for tp, hosted in self.partitions.items():
-            lg = self.logs[tp]
-            if lg.delete_old_segments(self.now_ms(), hosted.state.high_watermark):
-                self.core.on_log_start_offset(tp)
-                self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: retention moved the log start "
-                           f"to {lg.log_start_offset}")  # fmt: skip
+        hws = {tp: hosted.state.high_watermark for tp, hosted in self.partitions.items()}
+        for tp in self.log_manager.delete_old_segments(self.now_ms(), hws):
+            self.core.on_log_start_offset(tp)
+            self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: retention moved the log start "
+                       f"to {self.logs[tp].log_start_offset}")  # fmt: skip
 
     def _timed_out(self, pending: Pending) -> None:
         update = pending.subject
@@ -329,8 +286,7 @@ class SimBroker:
     def handle_leader_and_isr(self, src, request: m.LeaderAndIsr) -> None:
         core = self.core
         for tp in core.missing_logs(request.controller_epoch, request.partitions):
-            self.logs[tp] = Log.open(self.directory / f"{tp[0]}-{tp[1]}", self.config.log_config())
-            core.add_log(tp, self.logs[tp])
+            core.add_log(tp, self.log_manager.get_or_create(tp))
         ready = core.become_leader_or_follower(request.controller_epoch, request.partitions,
                                                self.now_ms())  # fmt: skip
         self.run(ready)
