@@ -51,8 +51,6 @@ from localcluster.storage import (
 
 log = logging.getLogger(__name__)
 
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
 TopicPartition = tuple[str, int]
 # Writes `IsrUpdate` to the store: (succeeded, zk_version now) with None when fenced.
 IsrWriter = Callable[[IsrUpdate], Awaitable[tuple[bool, int | None]]]
@@ -356,19 +354,7 @@ class ReplicaManager:
         self, tp: TopicPartition, timestamp: int, consumer: bool
     ) -> tuple[int, int, int]:
         """(error code, timestamp, offset) as ListOffsets answers them."""
-        error, hosted = self.core.leader_for(tp)
-        if hosted is None:
-            return error, -1, -1
-        lg = self.log_manager.logs[tp]
-        if timestamp == EARLIEST_TIMESTAMP:
-            return ErrorCode.none, -1, lg.log_start_offset
-        if timestamp == LATEST_TIMESTAMP:
-            end = hosted.state.high_watermark if consumer else lg.log_end_offset
-            return ErrorCode.none, -1, end
-        found = lg.offset_for_timestamp(timestamp)
-        if found is None or (consumer and found[0] >= hosted.state.high_watermark):
-            return ErrorCode.none, -1, -1
-        return ErrorCode.none, found[1], found[0]
+        return self.core.list_offset(tp, timestamp, consumer)
 
     def end_offset_for_epoch(self, tp: TopicPartition, current_leader_epoch: int,
                              leader_epoch: int) -> tuple[int, int, int]:  # fmt: skip

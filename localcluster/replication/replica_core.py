@@ -38,7 +38,9 @@ from localcluster.replication.delayed_produce import ProducePurgatory, ProducePu
 from localcluster.replication.fetch_sessions import FetchSessions, truncate_follower
 from localcluster.replication.partition import IsrUpdate, Partition
 from localcluster.replication.ready import (
+    EARLIEST_TIMESTAMP,
     EMPTY,
+    LATEST_TIMESTAMP,
     AssignEpoch,
     DeleteLog,
     Following,
@@ -70,6 +72,7 @@ class ReplicaLog(Protocol):
     @property
     def latest_epoch(self) -> int: ...
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None: ...
 
 
 class PartitionStateLike(Protocol):
@@ -395,6 +398,23 @@ class ReplicaCore:
         if hosted is None:
             return error, -1, -1
         return (errors.NONE, *hosted.log.end_offset_for_epoch(leader_epoch))
+
+    def list_offset(self, tp: TopicPartition, timestamp: int,
+                    consumer: bool) -> tuple[int, int, int]:  # fmt: skip
+        """ListOffsets as the leader answers it: (error, timestamp, offset). A replica sees the
+        log end as the latest offset, a consumer the HW, and finds no record at or past it."""
+        error, hosted = self.leader_for(tp)
+        if hosted is None:
+            return error, -1, -1
+        lg, hw = hosted.log, hosted.state.high_watermark
+        if timestamp == EARLIEST_TIMESTAMP:
+            return errors.NONE, -1, lg.log_start_offset
+        if timestamp == LATEST_TIMESTAMP:
+            return errors.NONE, -1, hw if consumer else lg.log_end_offset
+        found = lg.offset_for_timestamp(timestamp)
+        if found is None or (consumer and found[0] >= hw):
+            return errors.NONE, -1, -1
+        return errors.NONE, found[1], found[0]
 
     # -- ISR -------------------------------------------------------------------------------------
 

@@ -347,12 +347,7 @@ class SimBroker:
         self.send(src, m.OffsetForLeaderEpochResponse(msg.corr, msg.tp, error, epoch, end))
 
     def handle_list_offsets(self, src, msg: m.ListOffsets) -> None:
-        error, hosted = self.core.leader_for(msg.tp)
-        offset = -1
-        if hosted is not None:
-            lg = self.logs[msg.tp]
-            offset = lg.log_start_offset if msg.timestamp == r.EARLIEST_TIMESTAMP else (
-                lg.log_end_offset)  # fmt: skip
+        error, _, offset = self.core.list_offset(msg.tp, msg.timestamp, consumer=False)
         self.send(src, m.ListOffsetsResponse(msg.corr, msg.tp, error, offset))
 
     def handle_produce(self, src, msg: m.Produce) -> None:

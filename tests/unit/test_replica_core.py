@@ -493,3 +493,12 @@ def test_the_protocol_decides_whether_a_new_follower_asks_or_cuts(protocol):
     first = describe(rt.requests[-1])
     assert first == ("OffsetForLeaderEpoch to 2: epoch 1" if protocol == "leader-epoch"
                      else "Fetch to 2: t-0@1:e2 wait 500")  # fmt: skip
+
+
+def test_list_offsets_shows_a_replica_the_log_end_and_a_consumer_the_hw():
+    rt = leading(isr=(1, 2))
+    rt.produce("p", 3, acks=1)  # HW 0: the follower has nothing yet
+    assert rt.core.list_offset(TP, -1, consumer=False) == (errors.NONE, -1, 3)
+    assert rt.core.list_offset(TP, -1, consumer=True) == (errors.NONE, -1, 0)
+    assert rt.core.list_offset(TP, -2, consumer=True) == (errors.NONE, -1, 0)
+    assert rt.core.list_offset(("t", 7), -1, consumer=True)[0] == errors.UNKNOWN_TOPIC_OR_PARTITION
