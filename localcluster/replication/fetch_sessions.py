@@ -265,7 +265,9 @@ class FetchSessions:
             tp, request.leader_id, request.leader_epoch, leader_epoch, end_offset,
             decision.offset, None if decision.done else decision.next_epoch))  # fmt: skip
         truncate_follower(hosted, decision.offset, ready)
-        if decision.done:
+        # The bound of the KIP-279 rounds: each asks about an older epoch than the last (the
+        # leader answers an epoch <= the one asked). One that would not ends them at the cut.
+        if decision.done or decision.next_epoch >= request.leader_epoch:
             self._truncated(self.sessions[request.leader_id], tp, state, ready)
         else:
             state.ask_epoch = decision.next_epoch

@@ -502,3 +502,16 @@ def test_list_offsets_shows_a_replica_the_log_end_and_a_consumer_the_hw():
     assert rt.core.list_offset(TP, -1, consumer=True) == (errors.NONE, -1, 0)
     assert rt.core.list_offset(TP, -2, consumer=True) == (errors.NONE, -1, 0)
     assert rt.core.list_offset(("t", 7), -1, consumer=True)[0] == errors.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_truncation_rounds_end_when_a_leader_answers_above_the_epoch_asked():
+    rt = Runtime()
+    rt.open(log=MemoryLog(epochs=[(1, 2), (3, 3)]))
+    rt.leader_and_isr(State(2, 5, (2, 1)))
+    rt.poll(2)  # asks about epoch 3; the leader has 2 there: cut at 2, ask about 1
+    rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 2, 4, 0))
+    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: epoch 1"
+    # Asked about 1, it answers 2 again: asking about 1 once more would never end.
+    answered = rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 2, 4, 0))
+    assert answered.endswith("state TruncationDone leader=2 log_end_offset=2\npoll [2]")
+    assert rt.poll(2) == "send Fetch to 2: t-0@2:e5 wait 500"
