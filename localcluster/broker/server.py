@@ -241,7 +241,7 @@ class BrokerServer:
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
             loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
-            loop.create_task(self._every(max(c.replica_lag_time_max_ms // 2, 10),
+            loop.create_task(self._every(self.replica_manager.core.config.isr_shrink_interval_ms,
                                          self.replica_manager.maybe_shrink_isr)),
             loop.create_task(self._every(METRICS_REPLICAS_INTERVAL_MS,
                                          self.replica_manager.publish_replicas)),
