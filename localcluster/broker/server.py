@@ -244,7 +244,7 @@ class BrokerServer:
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
             loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
-            loop.create_task(self._every(max(c.replica_lag_time_max_ms // 2, 10),
+            loop.create_task(self._every(self.replica_manager.core.config.isr_shrink_interval_ms,
                                          self.replica_manager.maybe_shrink_isr)),
             loop.create_task(self._every(METRICS_REPLICAS_INTERVAL_MS,
                                          self.replica_manager.publish_replicas)),
@@ -336,10 +336,7 @@ class BrokerServer:
                 log.exception("periodic %s failed; will retry", getattr(action, "__name__", action))
 
     def _retention(self) -> None:
-        now_ms = int(time.time() * 1000)
-        for hosted in self.replica_manager.partitions.values():
-            if hosted.log.delete_old_segments(now_ms, hosted.state.high_watermark):
-                hosted.state.on_log_start_offset(hosted.log.log_start_offset)
+        self.replica_manager.retention(int(time.time() * 1000))
 
     async def _shutdown(self) -> None:
         if self.controller is not None and self.config.controlled_shutdown_enable:

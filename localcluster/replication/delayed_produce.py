@@ -14,7 +14,7 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kio.schema.errors import ErrorCode
+from localcluster.replication import errors
 
 MAX_PARKED = 100_000  # bound: each parked produce holds a client connection's request
 COMPACT_AFTER = 1024  # answered produces left in the deadline heap before it is rebuilt
@@ -61,13 +61,13 @@ class ProducePurgatory:
         if not ready:
             return []
         self._by_partition[tp] = [p for p in waiting if p.required_offset > high_watermark]
-        error = ErrorCode.none if isr_size >= min_insync_replicas else (
-            ErrorCode.not_enough_replicas_after_append)  # fmt: skip
+        error = errors.NONE if isr_size >= min_insync_replicas else (
+            errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND)  # fmt: skip
         return self._complete(ready, error)
 
     def on_leadership_lost(self, tp) -> list[tuple[object, int]]:
         waiting = self._by_partition.pop(tp, [])
-        return self._complete(waiting, ErrorCode.not_leader_or_follower)
+        return self._complete(waiting, errors.NOT_LEADER_OR_FOLLOWER)
 
     def expire(self, now_ms: int) -> list[tuple[object, int]]:
         expired = []
@@ -80,7 +80,7 @@ class ProducePurgatory:
             if parked in waiting:
                 waiting.remove(parked)
                 expired.append(parked)
-        return self._complete(expired, ErrorCode.request_timed_out, from_heap=True)
+        return self._complete(expired, errors.REQUEST_TIMED_OUT, from_heap=True)
 
     def next_deadline_ms(self) -> int | None:
         return self._deadlines[0][0] if self._deadlines else None

@@ -67,6 +67,19 @@ class Partition:
     replicas: dict[int, ReplicaState] = field(default_factory=dict)
     pending_isr: tuple[int, ...] | None = None  # an IsrUpdate in flight
 
+    @classmethod
+    def create(cls, topic: str, partition: int, local_broker_id: int, log_start_offset: int,
+               log_end_offset: int, checkpointed_high_watermark: int) -> Partition:  # fmt: skip
+        """A partition over an existing log, before any LeaderAndIsr: its offsets are the log's
+        and its HW the checkpointed one, within the log (a log cut by recovery can end below
+        it; retention can have moved its start past it)."""
+        created = cls(topic, partition, local_broker_id, log_start_offset=log_start_offset,
+                      log_end_offset=log_end_offset,
+                      high_watermark=max(log_start_offset,
+                                         min(checkpointed_high_watermark, log_end_offset)))  # fmt: skip
+        created._check()
+        return created
+
     @property
     def is_leader(self) -> bool:
         return self.leader_id == self.local_broker_id

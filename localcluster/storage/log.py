@@ -186,6 +186,11 @@ class Log:
     def size_in_bytes(self) -> int:
         return sum(s.size for s in self._segments)
 
+    @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the leader epoch cache (-1: none)."""
+        return self.leader_epoch_cache.latest_epoch
+
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch's answer: (largest epoch <= `epoch`, its end offset)."""
         return self.leader_epoch_cache.end_offset_for(epoch, self.log_end_offset)

@@ -26,6 +26,7 @@ class PartitionStateMsg:
     isr: tuple[int, ...]
     zk_version: int
     replicas: tuple[int, ...]
+    controller_epoch: int = -1  # of the controller that wrote this state (-1: not said)
 
     @property
     def tp(self):
@@ -41,11 +42,12 @@ class LeaderAndIsr:
 
 @dataclass(frozen=True, slots=True)
 class StopReplica:
-    """Stop fetching and hosting these partitions (without deleting their logs)."""
+    """Stop fetching and hosting these partitions (and delete their logs if told)."""
 
     corr: int
     controller_epoch: int
     partitions: tuple[tuple[str, int], ...]
+    delete_partitions: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,22 +59,18 @@ class LeaderAndIsrResponse:
 
 @dataclass(frozen=True, slots=True)
 class Fetch:
+    """A follower's Fetch of every partition its session fetches from this leader."""
+
     corr: int
     replica_id: int
-    tp: tuple[str, int]
-    fetch_offset: int
-    current_leader_epoch: int
+    partitions: tuple  # replication.ready.FetchPartitionPlan
     max_wait_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class FetchResponse:
     corr: int
-    tp: tuple[str, int]
-    error: int
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    records: bytes = b""
+    partitions: tuple  # replication.ready.FetchedPartition
 
 
 @dataclass(frozen=True, slots=True)
