@@ -35,11 +35,13 @@ from localcluster.storage.record_batch import (
     iter_records,
     validate_batch,
 )
+from localcluster.storage.reservation import LogDirectoryFullError
 from localcluster.storage.segment import CutReport, FileSlice
 
 __all__ = [
     "AppendInfo", "BatchHeader", "BatchSpec", "CheckpointError", "CorruptRecordError",
     "CutReport", "FileSlice", "LEADER_EPOCH_CHECKPOINT", "LeaderEpochCache", "Log", "LogConfig",
+    "LogDirectoryFullError",
     "OffsetOutOfRangeError", "RECOVERY_POINT_OFFSET_CHECKPOINT", "REPLICATION_OFFSET_CHECKPOINT",
     "ReadResult", "Record", "RecordBatchTooLargeError", "UNDEFINED_EPOCH",
     "UNDEFINED_EPOCH_OFFSET", "UnexpectedAppendOffsetError", "encode_batch", "iter_batches",

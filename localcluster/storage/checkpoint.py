@@ -14,6 +14,7 @@ high watermark or an epoch history could lose acknowledged records.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,10 +38,16 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, text.encode())
+        data = text.encode()
+        if os.write(fd, data) != len(data):  # a short write: the filesystem is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         os.fsync(fd)
-    finally:
+    except OSError as e:
+        # ENOSPC lands here, not as a signal: the old file stays, the temp file goes.
         os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"writing checkpoint {path}: {e.strerror}") from e
+    os.close(fd)
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -6,17 +6,27 @@ is active and trimmed to the live entries on roll and clean close, so a trimmed 
 its entry count. After an unclean shutdown the active segment's indexes are rebuilt from the log
 by recovery, never trusted. Lookups are `np.searchsorted` on the relative-offset column; keys
 are passed as int32 so numpy never widens (copies) the whole column.
+
+The preallocated files are sparse: an entry is stored into a page of a memmap, which on a full
+filesystem is SIGBUS, so entries are reserved (fallocate, reservation.py) in chunks of
+`RESERVE_ENTRIES` before they are written; `append` reserves itself when it must, and raises
+OSError (ENOSPC) with nothing written. Below `reserved_entries` both files are allocated.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
 import numpy as np
 
+from localcluster.storage import reservation
+
 ENTRY_BYTES = 8  # both files: 2 x int32, or 1 x int64
 INT32_MAX = 2**31 - 1
+PAGE_BYTES = mmap.PAGESIZE
+RESERVE_ENTRIES = 8192  # 64 KiB of each file per fallocate: one call per 8192 batches
 
 
 class IndexFullError(Exception):
@@ -42,6 +52,7 @@ class BatchIndex:
         self._offsets = np.zeros((0, 2), dtype=np.int32)
         self._times = np.zeros((0,), dtype=np.int64)
         self._capacity = 0
+        self.reserved_entries = 0  # both files are allocated for this many entries
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -59,6 +70,7 @@ class BatchIndex:
             return False
         self._remap(count)
         self.count = count
+        self.reserved_entries = count  # written entries are allocated
         return True
 
     def reset(self) -> None:
@@ -68,6 +80,7 @@ class BatchIndex:
                 pass
         self._remap(0)
         self.count = 0
+        self.reserved_entries = 0
 
     def make_appendable(self) -> None:
         """Grow both files (sparse) to `max_entries` so entries can be appended."""
@@ -91,10 +104,52 @@ class BatchIndex:
     def room(self) -> int:
         return self.max_entries - self.count
 
+    def reserve(self, entries: int) -> None:
+        """Reserve room for `entries` more entries in both files (a chunk at a time).
+
+        Raises OSError (ENOSPC when the filesystem is full); nothing is reserved then. Room
+        past the mapped capacity is not reserved: `append` raises IndexFullError there.
+        """
+        needed = min(self.count + entries, self._capacity)
+        if needed <= self.reserved_entries:
+            return
+        chunk = min(self._capacity, max(needed, self.reserved_entries + RESERVE_ENTRIES))
+        try:
+            self._reserve_to(chunk)
+        except OSError as e:
+            if chunk == needed or e.errno not in reservation.FULL_ERRNOS:
+                raise
+            # Space is short: only the page the next entries need (it is allocated whole).
+            page_entries = PAGE_BYTES // ENTRY_BYTES
+            self._reserve_to(min(self._capacity, -(-needed // page_entries) * page_entries))
+
+    def _reserve_to(self, stop: int) -> None:
+        """Both files or neither: when the time index gets no space, the offset index gives
+        back what it just got (past the reserved entries nothing is stored)."""
+        start_byte, stop_byte = self.reserved_entries * ENTRY_BYTES, stop * ENTRY_BYTES
+        offsets = os.open(self.offset_path, os.O_RDWR)
+        try:
+            # False: the filesystem cannot reserve; entries are written unprotected.
+            reservation.reserve(offsets, start_byte, stop_byte)
+            times = os.open(self.time_path, os.O_RDWR)
+            try:
+                reservation.reserve(times, start_byte, stop_byte)
+            except OSError:
+                # Up to the page end: a partial page is only zeroed, not freed.
+                reservation.release(offsets, start_byte, -(-stop_byte // PAGE_BYTES) * PAGE_BYTES)
+                raise
+            finally:
+                os.close(times)
+        finally:
+            os.close(offsets)
+        self.reserved_entries = stop
+
     def append(self, relative_offset: int, position: int, max_timestamp: int) -> None:
         n = self.count
         if n >= self._capacity:
             raise IndexFullError(f"index {self.offset_path.name} is full ({self.max_entries})")
+        if n >= self.reserved_entries:
+            self.reserve(1)
         self._offsets[n, 0] = relative_offset
         self._offsets[n, 1] = position
         self._times[n] = max_timestamp
@@ -115,6 +170,7 @@ class BatchIndex:
         # Keep the arrays mapped: nothing reads past `count`, so the shrunken files are safe.
         for path in (self.offset_path, self.time_path):
             os.truncate(path, live * ENTRY_BYTES)
+        self.reserved_entries = min(self.reserved_entries, live)
         self._remap(live)
 
     def flush(self) -> None:

@@ -4,14 +4,22 @@ Entries are (epoch, start_offset), epochs strictly increasing and start offsets 
 A follower asks its leader for `end_offset_for(epoch)` (OffsetForLeaderEpoch) and truncates
 exactly where its log diverges, instead of to its high watermark, which can lose committed
 records. Every change is written through to `leader-epoch-checkpoint` before it returns.
+
+A write that fails (ENOSPC on a full log directory) is logged and the change kept in memory,
+which stays the truth for OffsetForLeaderEpoch; `saved` is then False and the log appends
+nothing until `save()` succeeds, so the file never misses an epoch that records in the log
+carry. A file left with epochs past the log end is cut back when the log is opened.
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 from pathlib import Path
 
 from localcluster.storage.checkpoint import CheckpointError, leader_epoch_file
+
+log = logging.getLogger(__name__)
 
 UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1
@@ -22,6 +30,7 @@ class LeaderEpochCache:
         self._file = leader_epoch_file(checkpoint_path) if checkpoint_path else None
         self._epochs: list[int] = []
         self._starts: list[int] = []
+        self.saved = True  # False after a failed write, until save() succeeds
         if self._file is not None:
             for epoch, start in self._file.read():
                 if epoch < 0 or start < 0 or (self._epochs and (
@@ -102,6 +111,21 @@ class LeaderEpochCache:
             self._starts.clear()
             self._flush()
 
-    def _flush(self) -> None:
-        if self._file is not None:
+    def save(self) -> None:
+        """Write the entries again after a failed write; raises OSError when it fails again."""
+        if self._file is not None and not self.saved:
             self._file.write(self.entries())
+            self.saved = True
+
+    def _flush(self) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(self.entries())
+        except OSError as e:
+            if self.saved:
+                log.warning("%s not written (%s): the epochs are kept in memory and the log "
+                            "appends nothing until it is", self._file.path, e)  # fmt: skip
+            self.saved = False
+            return
+        self.saved = True

@@ -9,6 +9,9 @@ Rules:
 - Opening after a crash recovers every segment from the one holding the recovery point: each
   batch is validated, a torn or corrupt tail is cut and logged, indexes are rebuilt. A log
   closed cleanly leaves a `clean-shutdown` marker and is trusted after a sanity check.
+- An append that finds no space raises `LogDirectoryFullError` and leaves the log as it was:
+  segments reserve before they write, and batches of the same append already written are
+  removed again. The first failure and the first success after it are logged, once each.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster.storage import record_batch as rb
+from localcluster.storage import reservation
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
+from localcluster.storage.reservation import LogDirectoryFullError
 from localcluster.storage.segment import SUFFIX, CutReport, FileSlice, LogSegment
 
 log = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN = "clean-shutdown"
 INT32_MAX = 2**31 - 1
+PAGE_BYTES = 4096  # what a small file (a checkpoint, a new segment's files) needs at least
 
 
 class OffsetOutOfRangeError(Exception):
@@ -101,6 +107,7 @@ class Log:
         self.leader_epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
         self.recovery_point = min(max(recovery_point, self.log_start_offset), self.log_end_offset)
         self.cuts: list[CutReport] = []
+        self._full = False  # the last append found no space (logged once until one succeeds)
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -203,13 +210,20 @@ class Log:
         assert leader_epoch >= 0
         data = memoryview(records)
         batches = self._validate(data)
-        if leader_epoch > self.leader_epoch_cache.latest_epoch:
-            self.leader_epoch_cache.assign(leader_epoch, self.log_end_offset)
         first = offset = self.log_end_offset
-        for start, header in batches:
-            self._maybe_roll(header, offset)
-            self.active_segment.append_batch(data, start, header, offset, leader_epoch)
-            offset += header.records_count
+        try:
+            if leader_epoch > self.leader_epoch_cache.latest_epoch:
+                self.leader_epoch_cache.assign(leader_epoch, first)
+            self._check_epochs_saved()
+            for start, header in batches:
+                self._maybe_roll(header, offset)
+                self.active_segment.append_batch(data, start, header, offset, leader_epoch)
+                offset += header.records_count
+        except LogDirectoryFullError as e:
+            self._undo_append(first, e)
+            raise
+        if self._full:
+            self._space_returned()
         return self._append_info(first, offset - 1, batches)
 
     def append_as_follower(self, records) -> AppendInfo:
@@ -231,13 +245,52 @@ class Log:
         # at our log end because retention deleted all its records and moved its start there.
         if cache.latest_epoch > batches[0][1].partition_leader_epoch:
             cache.truncate_from_end(self.log_end_offset)
-        for start, header in batches:
-            if header.partition_leader_epoch > cache.latest_epoch:
-                cache.assign(header.partition_leader_epoch, header.base_offset)
-            self._maybe_roll(header, header.base_offset)
-            self.active_segment.append_batch(data, start, header, header.base_offset,
-                                             header.partition_leader_epoch)  # fmt: skip
+        first = self.log_end_offset
+        try:
+            for start, header in batches:
+                if header.partition_leader_epoch > cache.latest_epoch:
+                    cache.assign(header.partition_leader_epoch, header.base_offset)
+                self._check_epochs_saved()
+                self._maybe_roll(header, header.base_offset)
+                self.active_segment.append_batch(data, start, header, header.base_offset,
+                                                 header.partition_leader_epoch)  # fmt: skip
+        except LogDirectoryFullError as e:
+            self._undo_append(first, e)
+            raise
+        if self._full:
+            self._space_returned()
         return self._append_info(batches[0][1].base_offset, batches[-1][1].last_offset, batches)
+
+    def _check_epochs_saved(self) -> None:
+        """No batch goes in while leader-epoch-checkpoint misses an epoch (its write failed)."""
+        cache = self.leader_epoch_cache
+        if cache.saved:
+            return
+        try:
+            cache.save()
+        except OSError as e:
+            error = reservation.full_error(e, self.directory, 2 * PAGE_BYTES,
+                                           "writing leader-epoch-checkpoint")  # fmt: skip
+            if error is None:
+                raise
+            raise error from None
+
+    def _undo_append(self, first: int, error: LogDirectoryFullError) -> None:
+        """An append failed for space: remove what of it was written, log the first failure."""
+        if self.log_end_offset > first:
+            self._truncate_segments(first)
+            # Epochs this append assigned past `first`; one starting at `first` holds nothing
+            # yet, as after a leader change without writes, and may stay.
+            self.leader_epoch_cache.truncate_from_end(first + 1)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        if not self._full:
+            self._full = True
+            log.warning("%s", error)
+
+    def _space_returned(self) -> None:
+        self._full = False
+        log.info("log %s appends again (%d bytes free on its filesystem)", self.directory,
+                 reservation.free_bytes(self.directory))  # fmt: skip
 
     def _validate(self, data: memoryview) -> list[tuple[int, rb.BatchHeader]]:
         if not len(data):
@@ -277,8 +330,18 @@ class Log:
             # An empty segment already starts there: a second one would share its file name.
             return self.active_segment
         self.active_segment.seal()
-        segment = LogSegment.create(self.directory, base, self.config.segment_bytes,
-                                    self.config.max_index_entries, self.config.prefault_bytes)  # fmt: skip
+        try:
+            segment = LogSegment.create(self.directory, base, self.config.segment_bytes,
+                                        self.config.max_index_entries, self.config.prefault_bytes)  # fmt: skip
+        except OSError as e:
+            # No room for the new segment's files: the old one stays the active one.
+            _delete_segment_files(self.directory, base)
+            self.active_segment.make_appendable()
+            error = reservation.full_error(e, self.directory, 2 * PAGE_BYTES,
+                                           f"creating segment {base:020d}")  # fmt: skip
+            if error is None:
+                raise
+            raise error from None
         self._segments.append(segment)
         self._bases.append(base)
         return segment
@@ -372,6 +435,15 @@ class Log:
             removed = self.size_in_bytes
             self.truncate_fully_and_start_at(offset)
             return removed
+        removed = self._truncate_segments(offset)
+        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        log.info("log %s truncated to offset %d (%d bytes removed)", self.directory,
+                 self.log_end_offset, removed)  # fmt: skip
+        return removed
+
+    def _truncate_segments(self, offset: int) -> int:
+        """Remove the batches at or after `offset` (within the log) from the segments."""
         removed = 0
         while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
             segment = self._segments.pop()
@@ -380,12 +452,7 @@ class Log:
             segment.delete()
         active = self.active_segment
         active.make_appendable()
-        removed += active.truncate_to(offset)
-        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
-        self.recovery_point = min(self.recovery_point, self.log_end_offset)
-        log.info("log %s truncated to offset %d (%d bytes removed)", self.directory,
-                 self.log_end_offset, removed)  # fmt: skip
-        return removed
+        return removed + active.truncate_to(offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start an empty log at `offset`."""

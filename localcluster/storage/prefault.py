@@ -1,4 +1,4 @@
-"""Populating a segment's next pages on a background thread, off the event loop.
+"""Reserving and populating a segment's next pages on a background thread, off the event loop.
 
 An active segment populates the pages ahead of its write position with
 madvise(MADV_POPULATE_WRITE) (segment.py says why). CPython's `mmap.madvise` holds the GIL for
@@ -7,10 +7,18 @@ every request for that long; profiles of a leader at half the acks=all maximum p
 loop's busy time there. `Prefaulter` makes the same call through ctypes, which releases the
 GIL, on one daemon thread: the loop goes on while the kernel allocates the pages.
 
-The writer never waits for it. A chunk the thread has not reached yet is simply faulted in by
-the copy, page by page, as without any prefault; populating never changes what a page holds,
-so the two cannot conflict. A `MappedRegion` is closed before its map is unmapped: its lock
-makes the close wait for a call in progress, and nothing is populated after it.
+Before populating a range the thread reserves it (fallocate, reservation.py): a page that is
+not reserved is never touched, as a store into it on a full filesystem is SIGBUS. A range that
+cannot be reserved is left alone; `reserved` only grows over ranges reserved contiguously from
+the start, so the writer, which may only write below it, reserves the rest itself (and gets
+ENOSPC there as a clean error). Its lock also orders the thread against a segment that cuts its
+file (truncation, seal): the segment takes it, cuts, and lowers `reserved`/`limit` before the
+thread can raise `reserved` over blocks that the cut freed.
+
+The writer never waits for it otherwise. A chunk the thread has not reached yet is reserved by
+the writer and faulted in by the copy, page by page; populating never changes what a page holds,
+so the two cannot conflict. A `MappedRegion` is closed before its map is unmapped and its file
+closed: the lock makes the close wait for a call in progress, and nothing runs after it.
 
 Kernels before 5.14 have no MADV_POPULATE_WRITE: `AVAILABLE` is then False and segments
 prefault on the caller's thread, by touching pages, as before.
@@ -25,6 +33,8 @@ import mmap
 import os
 import queue
 import threading
+
+from localcluster.storage import reservation
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +72,37 @@ AVAILABLE = _madvise is not None
 
 
 class MappedRegion:
-    """One mmap the prefault thread may populate until `close()`."""
+    """One mmap the prefault thread may reserve and populate, below `limit`, until `close()`.
 
-    __slots__ = ("address", "length", "lock", "open")
+    `fd` is the mapped file (None for anonymous memory, which needs no reservation); its blocks
+    below `reserved` are allocated. Writers read `reserved` without the lock (one attribute).
+    """
 
-    def __init__(self, mm: mmap.mmap):
+    __slots__ = ("address", "length", "lock", "open", "fd", "reserved", "limit", "_watermark_lock")
+
+    def __init__(self, mm: mmap.mmap, fd: int | None = None, reserved: int = 0):
         self.address = _address_of(mm)
         self.length = len(mm)
         self.lock = threading.Lock()
         self.open = True
+        self.fd = fd
+        self.reserved = reserved if fd is not None else len(mm)
+        self.limit = len(mm)
+        self._watermark_lock = threading.Lock()  # held for a few bytecodes, by either thread
+
+    def note_reserved(self, start: int, stop: int) -> None:
+        """[start, stop) was reserved: the watermark moves when the range continues it."""
+        with self._watermark_lock:
+            if start <= self.reserved < stop:
+                self.reserved = stop
+
+    def cut_reserved(self, position: int) -> None:
+        """The file was cut at `position` (hold `lock`): nothing from there on is reserved."""
+        with self._watermark_lock:
+            self.reserved = min(self.reserved, position)
 
     def close(self) -> None:
-        """Waits for a populate call in progress on this region; none runs after."""
+        """Waits for a call in progress on this region; none runs after."""
         with self.lock:
             self.open = False
 
@@ -102,14 +131,32 @@ class Prefaulter:
                 continue
             region, start, stop = item
             with region.lock:
-                if not region.open or stop > region.length or start >= stop:
+                if not region.open or stop > region.length:
+                    continue
+                stop = min(stop, region.limit)  # a sealed segment takes nothing more
+                if start >= stop:
+                    continue
+                if region.fd is not None and not self._reserve(region, start, stop):
                     continue
                 if _madvise(region.address + start, stop - start, MADV_POPULATE_WRITE) != 0:
-                    # ENOMEM/EFAULT: the file was cut under the range (a seal or truncation
-                    # raced us); the writer faults in what it needs.
+                    # ENOMEM/EFAULT: the file was cut under the range; the writer faults in
+                    # what it needs.
                     log.debug(
                         "prefault of [%d, %d) failed: errno %d", start, stop, ctypes.get_errno()
                     )
+
+    @staticmethod
+    def _reserve(region: MappedRegion, start: int, stop: int) -> bool:
+        """Reserve before populating; False (populate nothing) when the space is not there."""
+        try:
+            if reservation.reserve(region.fd, start, stop):
+                region.note_reserved(start, stop)
+            return True  # reserved, or the filesystem cannot reserve: populate as before
+        except OSError as e:
+            # ENOSPC: the writer meets it when it gets here and reports it; until then the
+            # pages stay untouched.
+            log.debug("reserving [%d, %d) failed: %s", start, stop, e)
+            return False
 
     def idle(self, timeout_s: float = 5.0) -> bool:
         """Wait until every request made so far is done (tests)."""

@@ -7,6 +7,14 @@ populated on the caller's thread; each next one, once the writer is halfway into
 the prefault thread (prefault.py), so the event loop does not stop while pages are allocated. On roll and clean close
 the file is trimmed to its valid bytes, so a closed segment's size is its data.
 
+No page of the map is touched before its blocks are reserved (fallocate, reservation.py): a
+store into an unbacked page of a full filesystem is SIGBUS, a reservation that finds no space
+is ENOSPC, raised as `LogDirectoryFullError` before any byte of the batch is copied. Below
+`_region.reserved` the file's blocks are allocated; the prefault thread reserves each chunk
+before populating it, and the writer reserves what the thread has not (a chunk at a time, or
+only what the batch needs when space is short). Recovery reads only the file's data, never a
+hole (on tmpfs even a read of a hole allocates a page).
+
 Crash safety rests on two rules:
 - a batch is written tail first and its first 12 bytes (baseOffset, batchLength) last: until
   those land, the preallocated zeros make the batch invalid, so recovery cuts it;
@@ -26,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localcluster.storage import prefault
+from localcluster.storage import prefault, reservation
 from localcluster.storage import record_batch as rb
 from localcluster.storage.index import BatchIndex
 
@@ -35,6 +43,11 @@ log = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels fall back to touching the pages
 PAGE = mmap.PAGESIZE
 SUFFIX = ".log"
+_warned_unreservable: set[int] = set()  # st_dev of filesystems already reported
+
+
+def _page_up(n: int) -> int:
+    return -(-n // PAGE) * PAGE
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -97,8 +110,13 @@ class LogSegment:
                prefault_bytes: int) -> LogSegment:  # fmt: skip
         segment = cls(directory, base_offset, capacity, max_index_entries, prefault_bytes)
         segment._file = open(segment.path, "w+b", buffering=0)
-        segment.index.reset()
-        segment.make_appendable()
+        try:
+            segment.index.reset()
+            segment.make_appendable()
+        except BaseException:
+            segment._release_map()
+            segment._file.close()
+            raise
         return segment
 
     @classmethod
@@ -140,29 +158,14 @@ class LogSegment:
         self.index.reset()
         self.index.make_appendable()
         configured_entries = self.index.max_entries
-        position = 0
-        expected_offset = self.base_offset
-        reason = None
-        mm = self._mm
-        while position < self.size:
-            try:
-                header = rb.validate_batch(mm, position)
-            except rb.CorruptRecordError as e:
-                reason = str(e)
-                break
-            if header.base_offset < expected_offset:
-                reason = (f"batch base offset {header.base_offset} is below the expected "
-                          f"{expected_offset}")  # fmt: skip
-                break
-            if self.index.is_full:
-                # Written under a larger log.index.size.max.bytes: grow the index rather than
-                # cut valid batches (the segment then holds no more and rolls).
-                self.index.max_entries *= 2
-                self.index.make_appendable()
-            self.index.append(header.base_offset - self.base_offset, position,
-                              header.max_timestamp)  # fmt: skip
-            expected_offset = header.next_offset
-            position += header.size
+        try:
+            position, expected_offset, reason = self._scan(self._data_end())
+        except OSError as e:  # no room to rebuild the indexes
+            error = reservation.full_error(e, self.path.parent, 2 * PAGE,
+                                           f"rebuilding the indexes of {self.path.name}")  # fmt: skip
+            if error is None:
+                raise
+            raise error from None
         self.next_offset = expected_offset
         self.index.max_entries = max(configured_entries, self.index.count)
         cut = None
@@ -176,6 +179,43 @@ class LogSegment:
         self.index.trim()
         return cut
 
+    def _scan(self, data_end: int) -> tuple[int, int, str | None]:
+        """Validate and index batches from the start; (stop position, next offset, why it
+        stopped or None). Only [0, data_end) is read: a batch running into a hole is cut."""
+        position = 0
+        expected_offset = self.base_offset
+        reason = None
+        with memoryview(self._mm)[:data_end] if self._mm is not None else memoryview(b"") as mm:
+            while position < self.size:
+                try:
+                    header = rb.validate_batch(mm, position)
+                except rb.CorruptRecordError as e:
+                    reason = str(e)
+                    break
+                if header.base_offset < expected_offset:
+                    reason = (f"batch base offset {header.base_offset} is below the expected "
+                              f"{expected_offset}")  # fmt: skip
+                    break
+                if self.index.is_full:
+                    # Written under a larger log.index.size.max.bytes: grow the index rather
+                    # than cut valid batches (the segment then holds no more and rolls).
+                    self.index.max_entries *= 2
+                    self.index.make_appendable()
+                self.index.append(header.base_offset - self.base_offset, position,
+                                  header.max_timestamp)  # fmt: skip
+                expected_offset = header.next_offset
+                position += header.size
+        return position, expected_offset, reason
+
+    def _data_end(self) -> int:
+        """Where the file's first hole starts (its size when it has none)."""
+        if not self.size:
+            return 0
+        try:
+            return min(os.lseek(self._file.fileno(), 0, os.SEEK_HOLE), self.size)
+        except OSError:  # no SEEK_HOLE here: every byte is data
+            return self.size
+
     def make_appendable(self) -> None:
         """Regrow the file and indexes to full size so batches can be appended."""
         if self.appendable:
@@ -186,6 +226,12 @@ class LogSegment:
         os.ftruncate(self._file.fileno(), self.capacity)
         if self._mapped < self.capacity:
             self._map(self.capacity)
+        region = self._region
+        with region.lock:
+            # Not appendable means the file ended at `size` (sealed, recovered, or new): the
+            # data is allocated, nothing beyond it is.
+            region.limit = self.capacity
+            region.reserved = self.size
         self._prefaulted = self.size
         self.index.make_appendable()
         self.appendable = True
@@ -193,7 +239,11 @@ class LogSegment:
     def seal(self) -> None:
         """Trim the file and indexes to their data: on roll and on clean close."""
         if self.appendable:
-            os.ftruncate(self._file.fileno(), self.size)
+            region = self._region
+            with region.lock:  # the thread reserves nothing more, and nothing past the cut
+                region.limit = 0
+                os.ftruncate(self._file.fileno(), self.size)
+                region.cut_reserved(self.size)
             self.index.trim()
             self.appendable = False
 
@@ -213,6 +263,8 @@ class LogSegment:
     def delete(self) -> None:
         """Unlink the files. Open slices keep the data readable until they are dropped."""
         self.appendable = False
+        if self._region is not None:
+            self._region.close()  # nothing more is reserved or populated in a deleted file
         self.index.close()
         for path in (self.path, self.index.offset_path, self.index.time_path):
             path.unlink(missing_ok=True)
@@ -223,8 +275,7 @@ class LogSegment:
         self._release_map()
         if length:
             self._mm = mmap.mmap(self._file.fileno(), length)
-            if prefault.AVAILABLE:
-                self._region = prefault.MappedRegion(self._mm)
+            self._region = prefault.MappedRegion(self._mm, self._file.fileno())
         self._mapped = length
 
     def _release_map(self) -> None:
@@ -252,9 +303,14 @@ class LogSegment:
         position = self.size
         end = position + size
         assert end <= self.capacity
+        # Reserve first (these raise LogDirectoryFullError, with nothing written).
+        if end > self._region.reserved:
+            self._reserve(end)
+        if self.index.count >= self.index.reserved_entries:
+            self._reserve_index()
         if end > self._prefaulted:
             self._prefault(end)
-        elif self._region is not None and end + self.prefault_bytes // 2 > self._prefaulted:
+        elif prefault.AVAILABLE and end + self.prefault_bytes // 2 > self._prefaulted:
             self._prefault_ahead()
         mm = self._mm
         mm[position + rb.LOG_OVERHEAD : end] = data[start + rb.LOG_OVERHEAD : start + size]
@@ -272,10 +328,54 @@ class LogSegment:
             prefault.PREFAULTER.request(self._region, start, stop)
             self._prefaulted = stop
 
+    def _reserve(self, needed: int) -> None:
+        """Reserve up to `needed` at least: a chunk past the watermark (and what was asked of
+        the prefault thread), or only up to `needed` when the chunk does not fit."""
+        region = self._region
+        start = region.reserved
+        wanted = max(needed, self._prefaulted, start + self.prefault_bytes)
+        minimum = min(self.capacity, _page_up(needed))
+        for stop in dict.fromkeys((min(self.capacity, _page_up(wanted)), minimum)):
+            try:
+                reserved = reservation.reserve(self._file.fileno(), start, stop)
+            except OSError as e:
+                if stop > minimum and e.errno in reservation.FULL_ERRNOS:
+                    continue  # maybe the batch alone still fits
+                error = reservation.full_error(e, self.path.parent, minimum - start,
+                                               f"reserving space in {self.path.name}")  # fmt: skip
+                if error is None:
+                    raise
+                raise error from None
+            if not reserved:
+                self._write_unreserved()
+                return
+            region.note_reserved(start, stop)
+            return
+
+    def _write_unreserved(self) -> None:
+        """The filesystem cannot reserve (no fallocate): write as before, unprotected."""
+        device = os.fstat(self._file.fileno()).st_dev
+        if device not in _warned_unreservable:
+            _warned_unreservable.add(device)
+            log.warning("the filesystem of %s cannot reserve space (no fallocate): a full "
+                        "filesystem there kills the broker with SIGBUS", self.path.parent)  # fmt: skip
+        self._region.note_reserved(self._region.reserved, self.capacity)
+
+    def _reserve_index(self) -> None:
+        try:
+            self.index.reserve(1)
+        except OSError as e:
+            error = reservation.full_error(e, self.path.parent, 2 * PAGE,
+                                           f"reserving index entries of {self.path.name}")  # fmt: skip
+            if error is None:
+                raise
+            raise error from None
+
     def _prefault(self, needed: int) -> None:
+        """Populate from the last populated page to a chunk ahead (only what is reserved)."""
         start = self._prefaulted & ~(PAGE - 1)
         stop = min(self.capacity, max(needed, start + self.prefault_bytes))
-        stop = min(self._mapped, -(-stop // PAGE) * PAGE)
+        stop = min(self._mapped, -(-stop // PAGE) * PAGE, self._region.reserved)
         try:
             self._mm.madvise(MADV_POPULATE_WRITE, start, stop - start)
         except OSError:
@@ -302,9 +402,15 @@ class LogSegment:
         """Drop the bytes from `position` on (the file is cut, then regrown as zeros)."""
         assert 0 <= position <= self.size
         fd = self._file.fileno()
-        os.ftruncate(fd, position)
-        if self.appendable:
-            os.ftruncate(fd, self.capacity)
+        region = self._region
+        if region is None:  # an empty file, never mapped (so never appendable)
+            os.ftruncate(fd, position)
+        else:
+            with region.lock:  # no reservation in flight may count the blocks freed here
+                os.ftruncate(fd, position)
+                if self.appendable:
+                    os.ftruncate(fd, self.capacity)
+                region.cut_reserved(position)
         self.size = position
         self._prefaulted = min(self._prefaulted, position)
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import socket
+import subprocess
+import traceback
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +18,7 @@ from localcluster.storage import (
     CorruptRecordError,
     Log,
     LogConfig,
+    LogDirectoryFullError,
     OffsetOutOfRangeError,
     Record,
     RecordBatchTooLargeError,
@@ -21,12 +26,14 @@ from localcluster.storage import (
     encode_batch,
     iter_batches,
     iter_records,
+    prefault,
     validate_batch,
 )
 from localcluster.storage import log as log_module
 from localcluster.storage import record_batch as rb
 from localcluster.storage.segment import LogSegment
 from tests.helpers import check_indexes_agree, scan_log
+from tests.unit.test_segment import install_fake_full_disk
 
 SMALL = LogConfig(segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096)
 
@@ -596,3 +603,225 @@ def test_offsets_beyond_int32_relative_range_roll_a_new_segment(tmp_path):
         assert log.offset_for_timestamp(0) == (2**40, 1000)
     finally:
         log.close()
+
+
+# -- a full filesystem --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    """A filesystem that is full on demand (test_segment.FakeFullDisk)."""
+    yield install_fake_full_disk(monkeypatch)
+    prefault.PREFAULTER.idle()
+
+
+FULL_TEST_CONFIG = LogConfig(segment_bytes=16384, segment_index_bytes=800, prefault_bytes=4096)
+
+
+def fill_until_full(log, size=300, epoch=0, limit=1000):
+    """Append one-record batches until the log directory is full; returns how many went in."""
+    for appended in range(limit):
+        try:
+            log.append(batch(1, size=size), epoch)
+        except LogDirectoryFullError:
+            return appended
+    raise AssertionError(f"{limit} appends and still room")
+
+
+def test_an_append_without_space_raises_logs_once_and_changes_nothing(tmp_path, disk, caplog):
+    log = Log.open(tmp_path / "t-0", FULL_TEST_CONFIG)
+    log.append(batch(1, size=300), 0)
+    disk.full = True
+    with caplog.at_level("INFO", logger=log_module.__name__):
+        appended = fill_until_full(log)  # what the reserved chunk still held went in
+        before = values(log)
+        end, sizes = log.log_end_offset, [s.size for s in log.segments]
+        for _ in range(3):
+            with pytest.raises(LogDirectoryFullError) as failed:
+                log.append(batch(3, size=100), 0)
+        assert (log.log_end_offset, [s.size for s in log.segments]) == (end, sizes)
+        assert values(log) == before and end == 1 + appended
+        check_indexes_agree(log)
+        message = str(failed.value)
+        assert str(tmp_path / "t-0") in message and "bytes free" in message
+        warnings = [r for r in caplog.records if "no space left for log" in r.getMessage()]
+        assert len(warnings) == 1  # the first failure of the episode, not every one
+        disk.full = False
+        log.append(batch(3, size=100), 0)
+        assert any("appends again" in r.getMessage() for r in caplog.records)
+    assert log.log_end_offset == end + 3
+    check_indexes_agree(log)
+    log.close()
+
+
+def test_an_append_that_rolls_into_a_segment_without_space_is_undone_whole(tmp_path, disk):
+    log = Log.open(tmp_path / "t-0", FULL_TEST_CONFIG)
+    while log.active_segment.size < FULL_TEST_CONFIG.segment_bytes - 2000:
+        log.append(batch(1, size=300), 0)
+    before, end = values(log), log.log_end_offset
+    records = b"".join(batch(1, size=300, tag=b"w%d" % i) for i in range(12))  # ~4 KiB: rolls
+    # The batches that still fit the active segment go in; the new segment gets no space.
+    disk.suffix = ".log"
+    disk.spare = log.active_segment.path.name  # it gets space, the next segment none
+    disk.full = True
+    segments = len(log.segments)
+    with pytest.raises(LogDirectoryFullError):
+        log.append(records, 0)
+    assert values(log) == before and log.log_end_offset == end
+    assert len(log.segments) == segments and log.active_segment.size > 0
+    assert any(not ok for name, *_, ok in disk.calls if name != disk.spare)  # it did roll
+    check_indexes_agree(log)
+    disk.full = False
+    info = log.append(records, 0)
+    assert (info.first_offset, info.last_offset) == (end, end + 11)
+    assert values(log)[: len(before)] == before and len(values(log)) == len(before) + 12
+    check_indexes_agree(log)
+    log.close()
+    reopened = Log.open(tmp_path / "t-0", FULL_TEST_CONFIG)
+    assert len(values(reopened)) == len(before) + 12
+    reopened.close()
+
+
+def test_a_follower_append_without_space_is_undone_and_its_epochs_too(tmp_path, disk):
+    leader = Log.open(tmp_path / "leader", FULL_TEST_CONFIG)
+    for epoch in (1, 1, 2, 2, 3, 3):
+        leader.append(batch(1, size=2000), epoch)
+    fetched = b"".join(s.tobytes() for s in leader.read(0, 1 << 20).slices)
+    follower = Log.open(tmp_path / "follower", FULL_TEST_CONFIG)
+    disk.full = True
+    # The follower's first chunk is reserved on its first batch: with no space at all, none.
+    with pytest.raises(LogDirectoryFullError):
+        follower.append_as_follower(fetched)
+    assert follower.log_end_offset == 0 and values(follower) == []
+    assert all(start <= 0 for _, start in follower.leader_epoch_cache.entries())
+    disk.full = False
+    follower.append_as_follower(fetched)
+    assert values(follower) == values(leader)
+    assert follower.leader_epoch_cache.entries() == leader.leader_epoch_cache.entries()
+    leader.close()
+    follower.close()
+
+
+def test_a_failed_epoch_checkpoint_write_holds_appends_until_it_is_written(tmp_path, monkeypatch):
+    log = Log.open(tmp_path / "t-0", SMALL)
+    log.append(batch(1), 0)
+    checkpoint = log.leader_epoch_cache._file
+    real_write = checkpoint.write
+
+    def full(entries):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write", full)
+    with pytest.raises(LogDirectoryFullError, match="leader-epoch-checkpoint"):
+        log.append(batch(1), 4)
+    assert log.log_end_offset == 1
+    assert log.leader_epoch_cache.entries() == [(0, 0), (4, 1)]  # kept in memory
+    with pytest.raises(LogDirectoryFullError):  # still unwritten: still nothing appended
+        log.append(batch(1), 4)
+    monkeypatch.setattr(checkpoint, "write", real_write)
+    log.append(batch(1), 4)
+    assert log.log_end_offset == 2 and log.leader_epoch_cache.saved
+    assert checkpoint.read() == [(0, 0), (4, 1)]
+    log.close()
+
+
+def test_a_checkpoint_write_without_space_keeps_the_old_file_and_names_the_new(tmp_path,
+                                                                                monkeypatch):  # fmt: skip
+    from localcluster.storage import checkpoint as checkpoint_module
+    from localcluster.storage import read_partition_offsets, write_partition_offsets
+
+    path = tmp_path / "replication-offset-checkpoint"
+    write_partition_offsets(path, {("t", 0): 5})
+
+    class FullOs:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "os", FullOs())
+    with pytest.raises(OSError) as failed:
+        write_partition_offsets(path, {("t", 0): 9})
+    assert failed.value.errno == errno.ENOSPC and str(path) in str(failed.value)
+    monkeypatch.undo()
+    assert read_partition_offsets(path) == {("t", 0): 5}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temp file left
+
+
+# -- a real full tmpfs (root) -------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 2 MiB tmpfs of the test's own, unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def in_child(tmp_path, work) -> dict:
+    """Run `work()` in a forked child (a SIGBUS kills the child, not pytest); its result."""
+    out = tmp_path / f"child-{work.__name__}.json"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            out.write_text(json.dumps(work()))
+            code = 0
+        except BaseException:
+            out.write_text(json.dumps({"error": traceback.format_exc()}))
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert not os.WIFSIGNALED(status), f"{work.__name__} died of signal {os.WTERMSIG(status)}"
+    result = json.loads(out.read_text())
+    assert os.WEXITSTATUS(status) == 0, result.get("error")
+    return result
+
+
+def test_a_real_full_tmpfs_is_an_error_not_sigbus_and_recovery_reads_no_hole(tmp_path,
+                                                                             small_tmpfs):  # fmt: skip
+    directory = small_tmpfs / "t-0"
+    config = LogConfig(segment_bytes=256 << 10, segment_index_bytes=8000, prefault_bytes=64 << 10)
+    filler = small_tmpfs / "filler"
+
+    def fill():
+        filler.write_bytes(b"\1" * (256 << 10))
+        log = Log.open(directory, config)
+        appended = fill_until_full(log, size=1000, limit=5000)
+        error = None
+        try:
+            log.append(batch(1, size=1000), 0)
+        except LogDirectoryFullError as e:
+            error = str(e)
+        check_indexes_agree(log)
+        filler.unlink()  # space returns
+        log.append(batch(1, size=1000, tag=b"after"), 0)
+        again = fill_until_full(log, size=1000, limit=5000)
+        # a crash: the log is not closed; the next process recovers on a full filesystem
+        return {"appended": appended, "error": error, "again": again,
+                "values": [v.hex() for _, v in values(log)]}  # fmt: skip
+
+    filled = in_child(tmp_path, fill)
+    assert filled["appended"] > 500 and filled["again"] > 100  # ~1.7 MiB in 1 KiB batches
+    assert "no space left for log" in filled["error"] and str(directory) in filled["error"]
+
+    def recover():
+        log = Log.open(directory, config)
+        recovered = [v.hex() for _, v in values(log)]
+        check_indexes_agree(log)
+        log.close()
+        return {"values": recovered}
+
+    assert in_child(tmp_path, recover)["values"] == filled["values"]

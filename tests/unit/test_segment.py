@@ -1,11 +1,25 @@
-"""LogSegment: append, trim on seal, recovery of zero and torn tails, truncation, slices."""
+"""LogSegment: append, trim on seal, recovery of zero and torn tails, truncation, slices,
+and space reserved before it is written (a full filesystem is an error, never SIGBUS)."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import mmap
 import os
 import socket
 
-from localcluster.storage import FileSlice, Record, encode_batch, validate_batch
+import pytest
+
+from localcluster.storage import (
+    FileSlice,
+    LogDirectoryFullError,
+    Record,
+    encode_batch,
+    prefault,
+    reservation,
+    validate_batch,
+)
 from localcluster.storage import record_batch as rb
 from localcluster.storage.segment import LogSegment, segment_file_name
 from tests.helpers import scan_segment
@@ -180,3 +194,163 @@ def test_reopen_with_a_smaller_capacity_keeps_the_data(tmp_path):
     again.make_appendable()
     assert os.path.getsize(again.path) >= size
     assert [h.base_offset for _, h in scan_segment(again)] == list(range(offset))
+
+
+# -- a full filesystem ------------------------------------------------------------------------
+
+
+class FakeFullDisk:
+    """fallocate(2) fails with ENOSPC, while `full`, for files whose name ends with `suffix`
+    (except the file named `spare`, which still gets space).
+
+    Every call is recorded as (file name, start, stop, succeeded). Stores into unreserved pages
+    would not fault here (the real disk has room): the tests check the reservations themselves,
+    and tests/integration/test_disk_full.py and test_log.py's tmpfs test meet the real SIGBUS.
+    """
+
+    def __init__(self):
+        self.full = False
+        self.suffix = ""
+        self.spare = ""
+        self.calls: list[tuple[str, int, int, bool]] = []
+        self._real = reservation._fallocate
+
+    def __call__(self, fd, mode, offset, length):
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        failing = self.full and name.endswith(self.suffix) and name != self.spare
+        self.calls.append((name, offset, offset + length, not failing))
+        if failing:
+            ctypes.set_errno(errno.ENOSPC)
+            return -1
+        return self._real(fd, mode, offset, length)
+
+    def reserved(self, suffix: str) -> list[tuple[int, int]]:
+        return [(a, b) for name, a, b, ok in self.calls if ok and name.endswith(suffix)]
+
+
+def install_fake_full_disk(monkeypatch) -> FakeFullDisk:
+    if reservation._fallocate is None:
+        pytest.skip("no fallocate in this libc")
+    fake = FakeFullDisk()
+    monkeypatch.setattr(reservation, "_fallocate", fake)
+    return fake
+
+
+@pytest.fixture
+def disk(monkeypatch):
+    yield install_fake_full_disk(monkeypatch)
+    prefault.PREFAULTER.idle()  # no background call reaches the fake after the test
+
+
+def covered(ranges: list[tuple[int, int]], stop: int) -> bool:
+    """True when the union of `ranges` covers [0, stop)."""
+    reach = 0
+    for a, b in sorted(ranges):
+        if a > reach:
+            break
+        reach = max(reach, b)
+    return reach >= stop
+
+
+def test_every_written_byte_and_index_entry_was_reserved_first(tmp_path, disk):
+    chunk = 4 * mmap.PAGESIZE
+    segment = LogSegment.create(tmp_path, 0, 64 * chunk, 4096, chunk)
+    offset = 0
+    while segment.can_hold(1100, 1):
+        put(segment, offset, size=1000)
+        offset += 1
+        assert segment._region.reserved >= segment.size  # never a byte past the reservation
+    assert prefault.PREFAULTER.idle()
+    assert covered(disk.reserved(".log"), segment.size)
+    assert covered(disk.reserved(".index"), segment.index.count * 8)
+    assert covered(disk.reserved(".timeindex"), segment.index.count * 8)
+    # in chunks, not per batch
+    assert len([c for c in disk.calls if c[0].endswith(".log")]) <= 2 * 64
+    assert len([c for c in disk.calls if c[0].endswith(".index")]) == 1
+    segment.close()
+
+
+def test_a_full_filesystem_is_an_error_and_nothing_is_written(tmp_path, disk):
+    chunk = 2 * mmap.PAGESIZE
+    segment = LogSegment.create(tmp_path, 0, 64 * chunk, 4096, chunk)
+    batch_bytes = len(put(segment, 0, size=500))
+    disk.full = True
+    offset = 1
+    with pytest.raises(LogDirectoryFullError) as failed:
+        for _ in range(100):  # the reserved chunk fills, then the next reservation fails
+            put(segment, offset, size=500)
+            offset += 1
+    size, count = segment.size, segment.index.count
+    assert segment.next_offset == offset and count == offset
+    assert size <= segment._region.reserved < size + batch_bytes  # the batch did not fit
+    assert str(tmp_path) in str(failed.value) and "bytes free" in str(failed.value)
+    assert failed.value.directory == tmp_path and failed.value.free_bytes > 0
+    with pytest.raises(LogDirectoryFullError):  # still full: still an error, still nothing
+        put(segment, offset, size=500)
+    assert (segment.size, segment.index.count, segment.next_offset) == (size, count, offset)
+    with open(segment.path, "rb") as f:
+        f.seek(size)
+        assert f.read(chunk) == b"\0" * chunk
+    disk.full = False  # space returns: the same append goes through
+    put(segment, offset, size=500)
+    assert [h.base_offset for _, h in scan_segment(segment)] == list(range(offset + 1))
+    segment.close()
+
+
+def test_a_full_index_file_is_an_error_before_the_batch_is_copied(tmp_path, disk):
+    segment = LogSegment.create(tmp_path, 0, CAPACITY, 4096, 8192)
+    disk.suffix = ".timeindex"  # the log file has room, the time index none
+    disk.full = True
+    with pytest.raises(LogDirectoryFullError, match="index entries"):
+        put(segment, 0)
+    assert (segment.size, segment.index.count, segment.next_offset) == (0, 0, 0)
+    with open(segment.path, "rb") as f:
+        assert f.read(4096) == b"\0" * 4096
+    disk.full = False
+    put(segment, 0)
+    put(segment, 1)
+    assert [h.base_offset for _, h in scan_segment(segment)] == [0, 1]
+    assert segment.index.count == 2 and segment.index.reserved_entries >= 2
+    segment.close()
+
+
+@pytest.mark.skipif(not prefault.AVAILABLE, reason="no MADV_POPULATE_WRITE (Linux < 5.14)")
+def test_the_prefault_thread_populates_only_what_it_reserved(tmp_path, disk, monkeypatch):
+    populated = []
+    real = prefault._madvise
+
+    def recording(address, length, advice):
+        populated.append((address, address + length))
+        return real(address, length, advice)
+
+    monkeypatch.setattr(prefault, "_madvise", recording)
+    chunk = 4 * mmap.PAGESIZE
+    segment = LogSegment.create(tmp_path, 0, 64 * chunk, 4096, chunk)
+    put(segment, 0, size=1000)
+    disk.full = True  # from here every reservation fails, the thread's included
+    with pytest.raises(LogDirectoryFullError):
+        for offset in range(1, 100):
+            put(segment, offset, size=1000)
+    assert prefault.PREFAULTER.idle()
+    base = segment._region.address
+    reserved = disk.reserved(".log")
+    for start, stop in populated:
+        assert covered(reserved, stop - base), (start - base, stop - base, reserved)
+    segment.close()
+
+
+def test_truncation_and_seal_lower_the_reservation(tmp_path, disk):
+    segment = new_segment(tmp_path)
+    for offset in range(10):
+        put(segment, offset, size=300)
+    assert prefault.PREFAULTER.idle()
+    segment.truncate_to(5)
+    assert segment._region.reserved == segment.size  # the cut freed what lay past it
+    put(segment, 5, size=300)
+    assert segment._region.reserved >= segment.size
+    segment.seal()
+    assert segment._region.reserved == segment.size and segment._region.limit == 0
+    segment.make_appendable()
+    assert segment._region.reserved == segment.size
+    put(segment, 6, size=300)
+    assert [h.base_offset for _, h in scan_segment(segment)] == list(range(7))
