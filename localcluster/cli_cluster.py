@@ -309,6 +309,24 @@ def topic_describe(name, cluster_dir, as_json):
         cluster_view.topic(described)
 
 
+@topic.command("producers")
+@click.argument("name")
+@_dir_option
+@_json_option
+@_friendly
+def topic_producers(name, cluster_dir, as_json):
+    """The idempotent producers each partition's leader knows: id, epoch, last sequence
+    (Kafka's DescribeProducers)."""
+    from localcluster.tools import cluster_admin, cluster_view
+
+    _, spec = _spec(cluster_dir)
+    described = cluster_admin.describe_producers(spec, name)
+    if as_json:
+        _print_json(described)
+    else:
+        cluster_view.producers(described)
+
+
 @topic.command("delete")
 @click.argument("name")
 @_dir_option

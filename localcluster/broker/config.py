@@ -74,6 +74,7 @@ class BrokerConfig:
         "log.flush.offset.checkpoint.interval.ms", 60_000, "recovery-point checkpoint interval"
     )
     message_max_bytes: int = _prop("message.max.bytes", 1048588)
+    producer_id_expiration_ms: int = _prop("producer.id.expiration.ms", 86_400_000)
     socket_request_max_bytes: int = _prop("socket.request.max.bytes", 100 * 1024 * 1024)
     auto_create_topics_enable: bool = _prop("auto.create.topics.enable", True)
     auto_leader_rebalance_enable: bool = _prop("auto.leader.rebalance.enable", True)

@@ -63,6 +63,7 @@ class KafkaApis:
             ApiKey.UPDATE_METADATA: self.handle_update_metadata,
             ApiKey.CONTROLLED_SHUTDOWN: self.handle_controlled_shutdown,
             ApiKey.INIT_PRODUCER_ID: self.handle_init_producer_id,
+            ApiKey.DESCRIBE_PRODUCERS: self.handle_describe_producers,
             ApiKey.SASL_HANDSHAKE: self.handle_sasl_handshake,
             ApiKey.SASL_AUTHENTICATE: self.handle_sasl_authenticate,
         }
@@ -323,6 +324,30 @@ class KafkaApis:
             return self._init_producer_id_response(
                 header, ErrorCode.coordinator_not_available, -1, -1)  # fmt: skip
         return self._init_producer_id_response(header, 0, producer_id, 0)
+
+    async def handle_describe_producers(self, header: RequestHeader, reader: Reader,
+                                        context: ConnectionContext) -> bytes:  # fmt: skip
+        """The leader's producer state per partition, as Kafka's DescribeProducers (KIP-664)."""
+        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
+                                          reader.pos)  # fmt: skip
+        topics = [{"name": topic.name, "partitions": [
+            self._describe_partition_producers((topic.name, p)) for p in topic.partition_indexes]}
+            for topic in request.topics]  # fmt: skip
+        return messages.encode_response(header.api_key, header.api_version,
+                                        {"throttle_time": 0, "topics": topics})  # fmt: skip
+
+    def _describe_partition_producers(self, tp) -> dict:
+        hosted = self.replica_manager.partitions.get(tp)
+        if hosted is None:
+            return {"partition_index": tp[1], "error_code": ErrorCode.unknown_topic_or_partition}
+        if not hosted.state.is_leader:
+            return {"partition_index": tp[1], "error_code": ErrorCode.not_leader_or_follower}
+        state = self.replica_manager.log_manager.producer_states[tp].state
+        return {"partition_index": tp[1], "error_code": 0, "active_producers": [
+            {"producer_id": pid, "producer_epoch": e.producer_epoch, "last_sequence": e.last_seq,
+             "last_timestamp": e.last_timestamp, "coordinator_epoch": e.coordinator_epoch,
+             "current_txn_start_offset": -1}
+            for pid, e in sorted(state.producers.items())]}  # fmt: skip
 
     @staticmethod
     def _init_producer_id_response(header, error, producer_id: int, epoch: int) -> bytes:

@@ -5,6 +5,12 @@ the replica core's log actions and follower appends on them.
 The broker runtime and the simulator both keep their logs here, so opening, recovering,
 checkpointing and truncating a log is written once. Nothing here decides: what to cut, append
 or delete comes from the core's Ready.
+
+Beside each log lives its producer state (storage/producer_snapshot.py, Kafka's
+ProducerStateManager): loaded with the log, checked on a leader's client append (the rules are
+storage/producer_state.py's, pure), replayed from a follower's, rebuilt on truncation,
+snapshotted at a segment roll and a clean close. Time for it is wall-clock milliseconds
+(`wall_clock_ms`), as producer expiry is measured from batch timestamps.
 """
 
 from __future__ import annotations
@@ -20,9 +26,18 @@ from localcluster.storage import (
     CorruptRecordError,
     Log,
     LogConfig,
+    LogDirectoryFullError,
     UnexpectedAppendOffsetError,
     read_partition_offsets,
     write_partition_offsets,
+)
+from localcluster.storage import record_batch as rb
+from localcluster.storage.producer_snapshot import ProducerStateManager
+from localcluster.storage.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    DuplicateBatch,
+    ProducerAppendInfo,
+    RejectedAppend,
 )
 
 log = logging.getLogger(__name__)
@@ -41,11 +56,21 @@ def parse_partition_dir(name: str) -> TopicPartition | None:
 
 class LogManager:
     def __init__(self, data_dir: Path, checkpoint_dir: Path,
-                 log_config: Callable[[dict[str, str] | None], LogConfig]):  # fmt: skip
+                 log_config: Callable[[dict[str, str] | None], LogConfig],
+                 wall_clock_ms: Callable[[], int],
+                 producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS):  # fmt: skip
         self.data_dir = data_dir
         self.checkpoint_dir = checkpoint_dir
         self.log_config = log_config  # topic config overrides -> the log's settings
+        self.wall_clock_ms = wall_clock_ms
+        self.producer_id_expiration_ms = producer_id_expiration_ms
         self.logs: dict[TopicPartition, Log] = {}
+        self.producer_states: dict[TopicPartition, ProducerStateManager] = {}
+
+    def _open_producer_state(self, tp: TopicPartition, lg: Log) -> None:
+        self.producer_states[tp] = ProducerStateManager.open(
+            lg, self.wall_clock_ms(), self.producer_id_expiration_ms
+        )
 
     def open_logs(self) -> dict[TopicPartition, int]:
         """Open (and recover) every partition log in the data dir; the checkpointed HWs."""
@@ -65,6 +90,7 @@ class LogManager:
                 path, self.log_config(None), recovery_point=recovery_points.get(tp, 0)
             )
             self.logs[tp] = opened
+            self._open_producer_state(tp, opened)
             log.info("opened log %s-%d: offsets [%d, %d), checkpointed HW %s%s", tp[0], tp[1],
                      opened.log_start_offset, opened.log_end_offset, checkpointed_hw.get(tp),
                      f", recovery cut {sum(c.bytes_cut for c in opened.cuts)} bytes"
@@ -78,6 +104,7 @@ class LogManager:
                 self.data_dir / partition_dir_name(*tp), self.log_config(topic_config)
             )
             self.logs[tp] = existing
+            self._open_producer_state(tp, existing)
         return existing
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -95,15 +122,50 @@ class LogManager:
         """A clean shutdown: flush, both checkpoints, close every log."""
         self.checkpoint_recovery_points()
         self.write_high_watermarks(high_watermarks)
-        for lg in self.logs.values():
+        for tp, lg in self.logs.items():
+            self._snapshot(tp)
             lg.close()
         self.logs.clear()
+        self.producer_states.clear()
+
+    def _snapshot(self, tp: TopicPartition) -> None:
+        try:
+            self.producer_states[tp].take_snapshot(self.logs[tp].log_end_offset)
+        except OSError as e:  # a full disk: the next load replays the log instead
+            log.warning("%s-%d: producer state snapshot not written: %s", *tp, e)
 
     def delete_old_segments(self, now_ms: int,
                             high_watermarks: Mapping[TopicPartition, int]) -> list[TopicPartition]:  # fmt: skip
         """Retention (log.retention.*), never past the HW; the partitions whose start moved."""
-        return [tp for tp, hw in high_watermarks.items()
-                if self.logs[tp].delete_old_segments(now_ms, hw)]  # fmt: skip
+        moved = [tp for tp, hw in high_watermarks.items()
+                 if self.logs[tp].delete_old_segments(now_ms, hw)]  # fmt: skip
+        for tp in moved:
+            self.producer_states[tp].truncate_head(self.logs[tp].log_start_offset)
+        return moved
+
+    def expire_producers(self) -> None:
+        """producer.id.expiration.ms: forget producers idle that long."""
+        now_ms = self.wall_clock_ms()
+        for state in self.producer_states.values():
+            state.state.remove_expired(now_ms)
+
+    # -- appends ---------------------------------------------------------------------------------
+
+    def append_as_leader(self, tp: TopicPartition, records, leader_epoch: int):
+        """A client's batches on the leader: the producer state's verdict first (a
+        RejectedAppend or a DuplicateBatch appends nothing), then the append; the AppendInfo."""
+        lg, producers = self.logs[tp], self.producer_states[tp]
+        headers = [h for _, h in rb.iter_batches(records, check_crc=False)]
+        verdict = producers.state.check_client_append(headers, lg.log_end_offset)
+        if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
+            return verdict
+        assert isinstance(verdict, ProducerAppendInfo)
+        segment = lg.active_segment.base_offset
+        info = lg.append(records, leader_epoch)
+        producers.state.apply(verdict)
+        if lg.active_segment.base_offset != segment:
+            self._snapshot(tp)  # Kafka snapshots the producer state at every roll
+        return info
 
     # -- the core's log actions ------------------------------------------------------------------
 
@@ -113,19 +175,35 @@ class LogManager:
             lg.leader_epoch_cache.assign(action.leader_epoch, action.start_offset)
         elif isinstance(action, r.TruncateTo):
             lg.truncate_to(action.offset)
+            self.producer_states[action.tp].truncate_to(action.offset, lg, self.wall_clock_ms())
         elif isinstance(action, r.TruncateFullyAndStartAt):
             lg.truncate_fully_and_start_at(action.offset)
+            self.producer_states[action.tp].truncate_fully_and_start_at(action.offset)
         else:
             assert isinstance(action, r.DeleteLog), action
             if lg is not None:
                 del self.logs[action.tp]
+                self.producer_states.pop(action.tp, None)
                 lg.delete()
 
     def append_as_follower(self, append: r.FollowerAppend) -> str | None:
         """Append fetched batches; what went wrong (report it to the core), or None."""
         try:
             if len(append.records):
-                self.logs[append.tp].append_as_follower(append.records)
+                lg = self.logs[append.tp]
+                segment = lg.active_segment.base_offset
+                lg.append_as_follower(append.records)
+                # Followers keep the producer state too (unchecked), so a new leader has it.
+                self.producer_states[append.tp].state.replay(
+                    [h for _, h in rb.iter_batches(append.records, check_crc=False)]
+                )
+                if lg.active_segment.base_offset != segment:
+                    self._snapshot(append.tp)
         except (UnexpectedAppendOffsetError, CorruptRecordError) as e:
+            return str(e)
+        except LogDirectoryFullError as e:
+            # Kept going, not halted (docs/storage.md): the core backs this partition off
+            # and fetches again; nothing was written.
+            log.warning("%s-%d: follower append refused: %s", *append.tp, e)
             return str(e)
         return None

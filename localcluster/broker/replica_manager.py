@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -45,9 +46,11 @@ from localcluster.storage import (
     CorruptRecordError,
     Log,
     LogConfig,
+    LogDirectoryFullError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
 )
+from localcluster.storage.producer_state import DuplicateBatch, RejectedAppend
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,9 @@ class ReplicaManager:
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
-        self.log_manager = LogManager(data_dir, checkpoint_dir, self.log_config)
+        self.log_manager = LogManager(data_dir, checkpoint_dir, self.log_config,
+                                      lambda: int(time.time() * 1000),
+                                      config.producer_id_expiration_ms)  # fmt: skip
         self._isr_tasks: set[asyncio.Task] = set()
 
     @property
@@ -153,6 +158,7 @@ class ReplicaManager:
         hws = {tp: h.state.high_watermark for tp, h in self.partitions.items()}
         for tp in self.log_manager.delete_old_segments(now_ms, hws):
             self.core.on_log_start_offset(tp)
+        self.log_manager.expire_producers()
 
     # -- carrying out the core's Ready ---------------------------------------------------------
 
@@ -249,7 +255,7 @@ class ReplicaManager:
                                             error_message=append.message), None, None  # fmt: skip
         lg = self.log_manager.logs[tp]
         try:
-            info = lg.append(records, append.leader_epoch)
+            info = self.log_manager.append_as_leader(tp, records, append.leader_epoch)
         except CorruptRecordError as e:
             log.info("rejected a corrupt batch for %s-%d: %s", *tp, e)
             return ProducePartitionResponse(partition, ErrorCode.corrupt_message,
@@ -257,6 +263,18 @@ class ReplicaManager:
         except RecordBatchTooLargeError as e:
             return ProducePartitionResponse(partition, ErrorCode.message_too_large,
                                             error_message=str(e)), None, None  # fmt: skip
+        except LogDirectoryFullError as e:
+            return ProducePartitionResponse(partition, ErrorCode.kafka_storage_error,
+                                            error_message=str(e)), None, None  # fmt: skip
+        if isinstance(info, RejectedAppend):
+            return ProducePartitionResponse(partition, info.error_code,
+                                            error_message=info.message), None, None  # fmt: skip
+        appended = None if isinstance(info, DuplicateBatch) else info
+        if appended is None:
+            # A retry of one of the producer's last 5 batches: nothing appended, answered with
+            # the offsets it got the first time (with acks=all once those are committed).
+            log.debug("%s-%d: producer %d resent the batch at %d; answered as a duplicate",
+                      *tp, info.producer_id, info.first_offset)  # fmt: skip
         response = ProducePartitionResponse(partition, ErrorCode.none, info.first_offset, -1,
                                             lg.log_start_offset)  # fmt: skip
         future = asyncio.get_running_loop().create_future()
@@ -264,10 +282,10 @@ class ReplicaManager:
                                              self.now_ms() + max(timeout_ms, 0))  # fmt: skip
         self.execute(ready)
         if ready.response is None:
-            return response, info, future
+            return response, appended, future
         response.error_code = ready.response.error
         response.error_message = ready.response.message
-        return response, info, None
+        return response, appended, None
 
     # -- ISR ----------------------------------------------------------------------------------
 

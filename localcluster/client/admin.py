@@ -146,6 +146,27 @@ class AsyncAdmin:
         check_error(info.error_code, f"describe topic {name!r}")
         return TopicDescription(name, info.partitions)
 
+    async def describe_producers(self, name: str) -> dict[int, list[dict]]:
+        """{partition: active producers} from each partition's leader (DescribeProducers):
+        producer id, epoch, last sequence, last timestamp, as Kafka's kafka-transactions.sh
+        describe-producers shows them."""
+        description = await self.describe_topic(name)
+        out: dict[int, list[dict]] = {}
+        for p in description.partitions:
+            connection = await self.cluster.connection(p.leader)
+            body = {"topics": [{"name": name, "partition_indexes": [p.partition]}]}
+            frame, offset = await connection.send(ApiKey.DESCRIBE_PRODUCERS, lambda v, b=body: (
+                messages.encode_request(ApiKey.DESCRIBE_PRODUCERS, v, b)))  # fmt: skip
+            version = connection.version(ApiKey.DESCRIBE_PRODUCERS)
+            answer = messages.decode_response(ApiKey.DESCRIBE_PRODUCERS, version, frame, offset)
+            (partition,) = answer.topics[0].partitions
+            check_error(partition.error_code, f"describe producers of {name}-{p.partition}")
+            out[p.partition] = [{"producer_id": a.producer_id, "producer_epoch": a.producer_epoch,
+                                 "last_sequence": a.last_sequence,
+                                 "last_timestamp": a.last_timestamp}
+                                for a in partition.active_producers]  # fmt: skip
+        return out
+
     async def list_topics(self) -> list[str]:
         snapshot = await self._metadata(None)
         return sorted(snapshot.topics)
@@ -196,6 +217,9 @@ class Admin:
 
     def describe_topic(self, name: str) -> TopicDescription:
         return self._thread.run(self._admin.describe_topic(name))
+
+    def describe_producers(self, name: str) -> dict[int, list[dict]]:
+        return self._thread.run(self._admin.describe_producers(name))
 
     def list_topics(self) -> list[str]:
         return self._thread.run(self._admin.list_topics())

@@ -33,6 +33,7 @@ class ApiKey(enum.IntEnum):
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     SASL_AUTHENTICATE = 36
+    DESCRIBE_PRODUCERS = 61
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,7 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),
+    ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0, 0),
     ApiKey.SASL_HANDSHAKE: VersionRange(0, 1, 1 << 15),
     ApiKey.SASL_AUTHENTICATE: VersionRange(0, 2, 2),
     # The ZK-era controller APIs, version 0 of our own layouts (controller_requests.py).

@@ -108,6 +108,21 @@ def describe_topic(spec: ClusterSpec, name: str) -> dict:
     return describe_rows(description)
 
 
+def describe_producers(spec: ClusterSpec, name: str) -> dict:
+    """Each partition's active idempotent producers, from its leader (DescribeProducers)."""
+    from localcluster.client import KafkaError
+
+    admin = _admin(spec)
+    try:
+        producers = admin.describe_producers(name)
+    except KafkaError as e:
+        raise _kafka_error(e, f"cannot describe the producers of topic {name!r}") from None
+    finally:
+        admin.close()
+    return {"topic": name, "partitions": [{"partition": p, "producers": rows}
+                                          for p, rows in sorted(producers.items())]}  # fmt: skip
+
+
 def describe_rows(description) -> dict:
     return {"topic": description.name, "partitions": [
         {"partition": p.partition, "leader": p.leader, "leader_epoch": p.leader_epoch,

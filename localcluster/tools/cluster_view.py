@@ -139,6 +139,19 @@ def topic(described: dict) -> None:
     console().print(table)
 
 
+def producers(described: dict) -> None:
+    table = Table(title=f"producers of {described['topic']}", title_justify="left")
+    for name in ("partition", "producer id", "epoch", "last sequence", "last timestamp"):
+        table.add_column(name, no_wrap=True, justify="right")
+    for p in described["partitions"]:
+        for row in p["producers"] or [None]:
+            cells = (["-"] * 4 if row is None else
+                     [str(row["producer_id"]), str(row["producer_epoch"]),
+                      str(row["last_sequence"]), str(row["last_timestamp"])])  # fmt: skip
+            table.add_row(str(p["partition"]), *cells)
+    console().print(table)
+
+
 # -- status --watch -----------------------------------------------------------------------------
 
 

@@ -130,6 +130,9 @@ def sample_request(api_key: int, version: int) -> bytes:
         return messages.encode_request(api_key, version, {
             "transactional_id": None, "transaction_timeout": 60_000, "producer_id": -1,
             "producer_epoch": -1})  # fmt: skip
+    if api_key == ApiKey.DESCRIBE_PRODUCERS:
+        return messages.encode_request(api_key, version, {
+            "topics": [{"name": TOPIC, "partition_indexes": [0]}]})  # fmt: skip
     raise AssertionError(f"no sample for {api_key}")
 
 
@@ -160,6 +163,9 @@ def check_response(api_key: int, version: int, response) -> None:
         # Epoch 0 is the only (so the latest) epoch: it ends at the log end, past the Produce.
         assert (partition.error_code, partition.leader_epoch) == (0, 0), response
         assert partition.end_offset >= 1, response
+    elif api_key == ApiKey.DESCRIBE_PRODUCERS:
+        (partition,) = response.topics[0].partitions
+        assert partition.error_code == 0, response  # the sample Produce was not idempotent
     elif api_key == ApiKey.INIT_PRODUCER_ID:
         assert response.error_code == 0 and response.producer_id >= 0, response
         assert response.producer_epoch == 0, response
@@ -168,7 +174,7 @@ def check_response(api_key: int, version: int, response) -> None:
 # Produce first so that every Fetch and ListOffsets version finds a record.
 ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
          ApiKey.LIST_OFFSETS, ApiKey.CREATE_TOPICS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
-         ApiKey.INIT_PRODUCER_ID]  # fmt: skip
+         ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS]  # fmt: skip
 EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
 # The controller's requests change leadership; they are tested where a controller is.
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,

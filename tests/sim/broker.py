@@ -145,7 +145,7 @@ class SimBroker:
 
     def open_logs(self) -> None:
         self.log_manager = LogManager(self.directory, self.directory,
-                                      lambda _: self.config.log_config())  # fmt: skip
+                                      lambda _: self.config.log_config(), self.now_ms)  # fmt: skip
         self.logs = self.log_manager.logs  # what the invariant checker reads
         self.core.open_logs(self.logs, self.log_manager.open_logs())
 
@@ -356,7 +356,7 @@ class SimBroker:
         if isinstance(append, r.ProduceAnswer):
             self.send(src, m.ProduceResponse(msg.corr, msg.tp, append.error))
             return
-        info = self.logs[msg.tp].append(records, append.leader_epoch)
+        info = self.log_manager.append_as_leader(msg.tp, records, append.leader_epoch)
         key = (src, msg.corr, msg.tp, info.first_offset)
         ready = self.core.on_leader_appended(append, msg.acks, info.last_offset, key,
                                              self.now_ms() + msg.timeout_ms)  # fmt: skip
