@@ -10,13 +10,24 @@ at most `max.in.flight.requests.per.connection` requests outstanding per broker.
 Retriable errors (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, NOT_ENOUGH_REPLICAS, REQUEST_
 TIMED_OUT, a lost connection, ...) put the batch back at the head of its partition's queue,
 refresh metadata when the leader may have moved, and try again until `retries` or
-`delivery.timeout.ms` is exhausted. As in Kafka without idempotence, a retried batch may land
-after a later batch of the same partition that was in flight at the same time; set
-max.in.flight.requests.per.connection=1 for strict order across retries.
+`delivery.timeout.ms` is exhausted.
+
+Idempotent by default (`enable.idempotence=true`, as Kafka's Java client since 3.0, KIP-679):
+before its first batch the producer asks any broker for a producer id (InitProducerId), and
+every batch carries that id, its epoch and a per-partition base sequence in its header, so a
+retry the broker already holds is answered with its original offsets instead of written twice,
+and a retry keeps its place: it goes out before the later batches of its partition, and those
+the broker refused for the gap follow it in order (the rules live in client/idempotence.py).
+It needs acks=all, retries > 0 and max.in.flight.requests.per.connection <= 5: set explicitly
+with any other value it is a configuration error; left at the default it turns itself off with
+a log line, as it does when the broker does not offer InitProducerId. With
+`enable.idempotence=false` a retried batch may land after a later batch of the same partition
+that was in flight at the same time, and a retry after a lost answer may write a batch twice.
 
 Bounds: `buffer.memory` bytes of unsent records (send waits up to `max.block.ms` for room),
-the in-flight limit per broker, and `delivery.timeout.ms` per batch.
-`Producer` is the synchronous facade (an event loop in a thread; see connection.LoopThread).
+the in-flight limit per broker (and 5 unresolved batches per partition with idempotence), and
+`delivery.timeout.ms` per batch. `Producer` is the synchronous facade (an event loop in a
+thread; see connection.LoopThread).
 """
 
 from __future__ import annotations
@@ -45,11 +56,26 @@ from localcluster.client.connection import (
     LoopThread,
     resolve_config,
 )
+from localcluster.client.idempotence import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    Idempotence,
+    failure_hint,
+    idempotence_enabled,
+    stamp_producer_state,
+)
 from localcluster.client.metadata import Cluster, TopicPartition
-from localcluster.protocol import produce
+from localcluster.protocol import messages, produce
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
-from localcluster.storage.record_batch import HEADER_SIZE, Record, encode_batch, validate_batch
+from localcluster.storage.record_batch import (
+    HEADER_SIZE,
+    BatchSpec,
+    Record,
+    encode_batch,
+    validate_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +94,7 @@ DEFAULTS = {
     "metadata.max.age.ms": 300_000,
     "reconnect.backoff.ms": 50,
     "allow.auto.create.topics": True,
+    "enable.idempotence": True,  # Kafka's default since 3.0 (KIP-679)
     **SECURITY_DEFAULTS,
 }
 
@@ -76,6 +103,10 @@ METADATA_ERRORS = {ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_
                    ErrorCode.leader_not_available, ErrorCode.fenced_leader_epoch,
                    ErrorCode.unknown_leader_epoch}  # fmt: skip
 RECORD_OVERHEAD = 12  # attributes and the varints of length, deltas, key and value lengths
+DUPLICATE_SEQUENCE_NUMBER = 46  # older brokers' answer to a duplicate: written, offset unknown
+# What the Java client sends for an idempotent producer's InitProducerId.
+INIT_PRODUCER_ID_REQUEST = {"transactional_id": None, "transaction_timeout": 2_147_483_647,
+                            "producer_id": NO_PRODUCER_ID, "producer_epoch": NO_PRODUCER_EPOCH}  # fmt: skip
 
 
 # -- the default partitioner --------------------------------------------------------------------
@@ -118,24 +149,37 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
 @dataclass(eq=False, slots=True)
 class ProducerBatch:
     tp: TopicPartition
-    sequence: int  # creation order within the producer: retried batches keep their place
+    order: int  # creation order within the producer: retried batches keep their place
     created: float  # loop time
     deadline: float  # delivery.timeout.ms after creation
     records: list[Record] = field(default_factory=list)
     futures: list[asyncio.Future] = field(default_factory=list)
     size: int = HEADER_SIZE  # estimated encoded bytes, for batch.size
     reserved: int = 0  # bytes of buffer.memory held until the batch completes
-    raw: bytes | None = None  # the encoded batch, fixed at first drain (retries resend it)
+    raw: bytes | bytearray | None = None  # the encoded batch, fixed at first drain
     count: int = 0
     closed: bool = False  # takes no more records (full, drained, or prebuilt)
     attempts: int = 0
     retry_at: float = 0.0
     done: asyncio.Future | None = None  # (partition, base offset) or the error
+    # The header's producer fields (idempotence.py numbers the batch when it is first sent)
+    # and those `raw` holds now; encoded() writes the first into raw when they differ.
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    base_sequence: int = NO_SEQUENCE
+    sequence_reset: bool = False  # numbered again after an epoch bump
+    stamped: tuple[int, int, int] = (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE)
 
-    def encoded(self) -> bytes:
+    def encoded(self) -> bytes | bytearray:
+        state = (self.producer_id, self.producer_epoch, self.base_sequence)
         if self.raw is None:
-            self.raw = encode_batch(self.records)
+            self.raw = encode_batch(self.records, BatchSpec(producer_id=self.producer_id,
+                                                            producer_epoch=self.producer_epoch,
+                                                            base_sequence=self.base_sequence))  # fmt: skip
             self.records = []
+        elif state != self.stamped:  # a prebuilt batch, or numbered again: one CRC pass
+            self.raw = stamp_producer_state(self.raw, *state)
+        self.stamped = state
         return self.raw
 
 
@@ -163,11 +207,17 @@ class AsyncProducer:
         settings = dict(settings)
         acks = settings.pop("acks", (config or {}).get("acks", DEFAULTS["acks"]))
         config = {k: v for k, v in (config or {}).items() if k != "acks"}
+        explicit = "enable.idempotence" in config or settings.get("enable_idempotence") is not None
         self.config = resolve_config(DEFAULTS, config, settings)
         self.acks = -1 if str(acks).lower() == "all" else int(acks)
         if self.acks not in (0, 1, -1):
             raise ValueError(f"acks={acks!r}: use 0, 1, -1 or 'all'")
         c = self.config
+        # None: not idempotent (enable.idempotence=false, turned off, or the broker lacks it).
+        self._idempotence_explicit = explicit
+        self._idempotence = Idempotence() if idempotence_enabled(c, self.acks, explicit) else None
+        self._initializing = False  # an InitProducerId task is running
+        self._fatal: KafkaError | None = None  # the producer cannot go on (sends raise it)
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
                                security=ClientSecurity.from_config(c),
                                request_timeout_ms=c["request.timeout.ms"],
@@ -177,7 +227,7 @@ class AsyncProducer:
                                allow_auto_create_topics=c["allow.auto.create.topics"])  # fmt: skip
         self._queues: dict[TopicPartition, collections.deque[ProducerBatch]] = {}
         self._incomplete: set[ProducerBatch] = set()
-        self._sequence = itertools.count()
+        self._order = itertools.count()
         self._in_flight: dict[int, int] = collections.defaultdict(int)
         self._connecting: set[int] = set()
         self._sticky: dict[str, tuple[int, ProducerBatch | None]] = {}
@@ -197,8 +247,40 @@ class AsyncProducer:
 
     async def start(self) -> AsyncProducer:
         await self.cluster.start()
+        if self._idempotence is not None:
+            try:
+                connection = await self.cluster.any_connection()
+                if ApiKey.INIT_PRODUCER_ID not in connection.versions:
+                    self._idempotence_unsupported(connection)
+            except BaseException:
+                await self.cluster.close()
+                raise
         self._sender = asyncio.get_running_loop().create_task(self._run_sender())
         return self
+
+    @property
+    def idempotent(self) -> bool:
+        return self._idempotence is not None
+
+    @property
+    def producer_id_and_epoch(self) -> tuple[int, int]:
+        """(producer id, epoch); (-1, -1) when not idempotent or not known yet."""
+        if self._idempotence is None:
+            return NO_PRODUCER_ID, NO_PRODUCER_EPOCH
+        producer = self._idempotence.producer
+        return producer.producer_id, producer.epoch
+
+    def _idempotence_unsupported(self, connection) -> None:
+        """A broker without InitProducerId: an error if idempotence was asked for (librdkafka
+        makes it fatal), else produce without it."""
+        text = (f"the broker at {connection.address} does not offer InitProducerId, which the "
+                "idempotent producer needs")  # fmt: skip
+        if self._idempotence_explicit:
+            raise KafkaError(f"enable.idempotence=true: {text}; set enable.idempotence=false to "
+                             "produce without it", ErrorCode.unsupported_version)  # fmt: skip
+        log.warning("%s: producing without idempotence (enable.idempotence was left at its "
+                    "default)", text)  # fmt: skip
+        self._idempotence = None
 
     async def __aenter__(self) -> AsyncProducer:
         return await self.start()
@@ -250,6 +332,8 @@ class AsyncProducer:
         """
         if self._closing:
             raise KafkaError("send() on a closed producer")
+        if self._fatal is not None:
+            raise self._fatal
         record = Record(_as_bytes(value), _as_bytes(key), _headers(headers),
                         int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms))  # fmt: skip
         size = RECORD_OVERHEAD + len(record.key or b"") + len(record.value or b"") + sum(
@@ -298,6 +382,8 @@ class AsyncProducer:
         """
         if self._closing:
             raise KafkaError("send_batch() on a closed producer")
+        if self._fatal is not None:
+            raise self._fatal
         raw = (
             records
             if isinstance(records, bytes | bytearray | memoryview)
@@ -312,7 +398,16 @@ class AsyncProducer:
                 batch = self._new_batch((topic, partition))
         finally:
             self._waiting_sends -= 1
-        batch.raw, batch.count, batch.closed = bytes(raw), header.records_count, True
+        # Our own copy: bytes are kept as they are (none made), and with idempotence a
+        # bytearray, which encoded() numbers in place (the one copy). Without idempotence the
+        # batch goes out with the producer fields it came with.
+        batch.stamped = (header.producer_id, header.producer_epoch, header.base_sequence)
+        if self._idempotence is not None:
+            batch.raw = bytearray(raw)
+        else:
+            batch.raw = bytes(raw)
+            batch.producer_id, batch.producer_epoch, batch.base_sequence = batch.stamped
+        batch.count, batch.closed = header.records_count, True
         batch.size = batch.reserved = len(raw)
         self._wakeup.set()
         return batch.done
@@ -388,7 +483,7 @@ class AsyncProducer:
         loop = asyncio.get_running_loop()
         now = loop.time()
         batch = ProducerBatch(
-            tp, next(self._sequence), now, now + self.config["delivery.timeout.ms"] / 1000
+            tp, next(self._order), now, now + self.config["delivery.timeout.ms"] / 1000
         )
         batch.done = loop.create_future()
         queue = self._queues.get(tp)
@@ -443,6 +538,9 @@ class AsyncProducer:
         linger_s = self.config["linger.ms"] / 1000
         wait_s: float | None = None
         metadata = self.cluster.metadata
+        idempotence = self._idempotence
+        if idempotence is not None:
+            self._prepare_idempotence(idempotence)
         by_leader: dict[int, list[TopicPartition]] = {}
         for tp, queue in self._queues.items():
             if not queue:
@@ -450,9 +548,7 @@ class AsyncProducer:
             head = queue[0]
             if now >= head.deadline:
                 queue.popleft()
-                self._fail(head, KafkaError(f"{tp[0]}-{tp[1]}: batch expired after delivery.timeout.ms="
-                                            f"{self.config['delivery.timeout.ms']}",
-                                            ErrorCode.request_timed_out))  # fmt: skip
+                self._expire(head)
                 wait_s = 0.0
                 continue
             ready_at = head.retry_at if head.attempts else (
@@ -461,6 +557,8 @@ class AsyncProducer:
             if ready_at > now:
                 wait_s = _earliest(wait_s, ready_at - now)
                 continue
+            if idempotence is not None and not idempotence.can_send(head):
+                continue  # an answer (or the producer id) changes that and wakes the sender
             leader = metadata.leader(tp)
             if leader is None:
                 wait_s = _earliest(wait_s, self._maybe_refresh(now))
@@ -477,12 +575,87 @@ class AsyncProducer:
             for tp in tps:
                 batch = self._queues[tp].popleft()
                 batch.closed = True
+                if idempotence is not None and batch.base_sequence == NO_SEQUENCE:
+                    idempotence.number(batch)
                 batches.append(batch)
+                if self._queues[tp]:
+                    wait_s = 0.0  # its next batch may follow at once (up to the in-flight limit)
             self._in_flight[leader] += 1
             self._spawn(self._send_produce(leader, connection, batches))
         if self.cluster.metadata_is_stale():
             self.cluster.request_metadata_refresh()
         return wait_s
+
+    def _expire(self, batch: ProducerBatch) -> None:
+        text = (f"{batch.tp[0]}-{batch.tp[1]}: batch expired after delivery.timeout.ms="
+                f"{self.config['delivery.timeout.ms']}")  # fmt: skip
+        if batch.attempts:
+            text += f" ({batch.attempts} attempts unacknowledged: the log may hold it)"
+        self._fail(batch, KafkaError(text, ErrorCode.request_timed_out), expired=True)
+
+    # -- idempotence: the producer id --------------------------------------------------------
+
+    def _prepare_idempotence(self, idempotence: Idempotence) -> None:
+        """Before a drain: settle partitions with a batch of unknown fate, bump the epoch if
+        asked, and ask for a producer id when there is none and batches wait for one."""
+        idempotence.maybe_resolve_sequences()
+        idempotence.maybe_bump_epoch()
+        if (
+            not (idempotence.has_producer_id or self._initializing or self._closing)
+            and self._incomplete
+        ):
+            self._initializing = True
+            self._spawn(self._init_producer_id())
+
+    async def _init_producer_id(self) -> None:
+        """InitProducerId (transactional id null) to any broker, again after retry.backoff.ms
+        on a retriable error or a lost connection, while batches wait for it (each has a
+        delivery timeout); a non-retriable error stops the producer (Java: fatal)."""
+        backoff_s = self.config["retry.backoff.ms"] / 1000
+        try:
+            while (idempotence := self._idempotence) is not None and self._incomplete:
+                if idempotence.has_producer_id or self._closing:
+                    return
+                try:
+                    connection = await self.cluster.any_connection()
+                    version = connection.versions.get(ApiKey.INIT_PRODUCER_ID)
+                    if version is None:
+                        self._idempotence_unsupported(connection)  # raises when asked for
+                        return
+                    frame, offset = await connection.send(ApiKey.INIT_PRODUCER_ID, lambda v: messages.encode_request(
+                        ApiKey.INIT_PRODUCER_ID, v, INIT_PRODUCER_ID_REQUEST), version=version)  # fmt: skip
+                    answer = messages.decode_response(
+                        ApiKey.INIT_PRODUCER_ID, version, frame, offset
+                    )
+                except KafkaConnectionError as e:
+                    log.info("InitProducerId: %s; trying again", e)
+                    await asyncio.sleep(backoff_s)
+                    continue
+                if answer.error_code == 0:
+                    idempotence.set_producer_id_and_epoch(
+                        int(answer.producer_id), int(answer.producer_epoch)
+                    )
+                    return
+                error = KafkaError.from_code(
+                    answer.error_code, f"InitProducerId from broker at {connection.address}"
+                )
+                if not error.retriable:
+                    raise error
+                log.info("%s; trying again", error)
+                await asyncio.sleep(backoff_s)
+        except Exception as e:  # noqa: BLE001 (a refusal, or an answer that does not parse)
+            code = e.code if isinstance(e, KafkaError) else -1
+            self._fail_fatally(KafkaError(f"the idempotent producer has no producer id: {e}", code))
+        finally:
+            self._initializing = False
+            self._wakeup.set()
+
+    def _fail_fatally(self, error: KafkaError) -> None:
+        """Fail every batch; later sends raise `error`."""
+        log.error("producer stopped: %s", error)
+        self._fatal = error
+        for batch in list(self._incomplete):
+            self._fail(batch, error)
 
     def _maybe_refresh(self, now: float) -> float:
         backoff_s = self.config["retry.backoff.ms"] / 1000
@@ -563,38 +736,60 @@ class AsyncProducer:
                 self._fail(b, KafkaError(f"{b.tp[0]}-{b.tp[1]}: the broker's response left it out"))
             elif answer.error_code == 0:
                 self._complete(b, answer.base_offset)
+            elif answer.error_code == DUPLICATE_SEQUENCE_NUMBER and b.base_sequence != NO_SEQUENCE:
+                self._complete(b, -1)  # written before, offset unknown: Java completes it too
             else:
-                error = KafkaError.from_code(answer.error_code, f"produce to {b.tp[0]}-{b.tp[1]}",
-                                             answer.error_message)  # fmt: skip
+                error = KafkaError.from_code(answer.error_code, self._context(b),
+                                             answer.error_message or failure_hint(answer.error_code))  # fmt: skip
                 if answer.error_code in METADATA_ERRORS:
                     self.cluster.request_metadata_refresh()
-                if error.retriable:
-                    self._retry_or_fail(b, error)
-                else:
-                    self._fail(b, error)
+                self._retry_or_fail(b, error, answer.log_start_offset)
 
-    def _retry_or_fail(self, batch: ProducerBatch, error: KafkaError) -> None:
+    def _context(self, batch: ProducerBatch) -> str:
+        text = f"produce to {batch.tp[0]}-{batch.tp[1]}"
+        if self._idempotence is not None and batch.base_sequence != NO_SEQUENCE:
+            text += (f" (producer {batch.producer_id} epoch {batch.producer_epoch} "
+                     f"sequence {batch.base_sequence})")  # fmt: skip
+        return text
+
+    def _retry_or_fail(self, batch: ProducerBatch, error: KafkaError, log_start_offset: int = -1) -> None:  # fmt: skip
         loop = asyncio.get_running_loop()
         now = loop.time()
         if self._closing or batch.attempts >= self.config["retries"] or now >= batch.deadline:
+            retriable = False
+        elif self._idempotence is not None and batch.base_sequence != NO_SEQUENCE:
+            retriable = self._idempotence.can_retry(
+                batch, error.code, error.retriable, log_start_offset
+            )
+        else:
+            retriable = error.retriable
+        if not retriable:
             self._fail(batch, error)
             return
         batch.attempts += 1
         batch.retry_at = now + self.config["retry.backoff.ms"] / 1000
         log.info("retrying %s-%d (attempt %d): %s", *batch.tp, batch.attempts, error)
         queue = self._queues[batch.tp]
-        # Keep creation order among the batches put back: the earliest goes out first.
-        index = bisect.bisect_left([b.sequence for b in queue], batch.sequence)
+        # Keep creation order among the batches put back: the earliest goes out first (with
+        # idempotence that is sequence order, which the broker checks).
+        index = bisect.bisect_left([b.order for b in queue], batch.order)
         queue.insert(index, batch)
 
     def _complete(self, batch: ProducerBatch, base_offset: int) -> None:
+        if self._idempotence is not None:
+            self._idempotence.completed(batch)
         partition = batch.tp[1]
         for i, future in enumerate(batch.futures):
             if not future.done():
                 future.set_result((partition, -1 if base_offset < 0 else base_offset + i))
         self._finish(batch, (partition, base_offset), None)
 
-    def _fail(self, batch: ProducerBatch, error: KafkaError) -> None:
+    def _fail(self, batch: ProducerBatch, error: KafkaError, *, expired: bool = False) -> None:
+        if self._idempotence is not None and batch in self._incomplete:
+            if expired:
+                self._idempotence.expired(batch)
+            else:
+                self._idempotence.failed(batch, str(error))
         queue = self._queues.get(batch.tp)
         if queue and batch in queue:
             queue.remove(batch)
@@ -667,6 +862,14 @@ class Producer:
     @property
     def requests_sent(self) -> int:
         return self._producer.requests_sent
+
+    @property
+    def idempotent(self) -> bool:
+        return self._producer.idempotent
+
+    @property
+    def producer_id_and_epoch(self) -> tuple[int, int]:
+        return self._producer.producer_id_and_epoch
 
     def send(self, topic: str, value, key=None, partition: int | None = None,
              headers: Iterable | Mapping = (), timestamp_ms: int | None = None) -> concurrent.futures.Future:  # fmt: skip

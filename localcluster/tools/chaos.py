@@ -117,9 +117,16 @@ class Load:
     bounded rate with a bounded number of records in flight."""
 
     def __init__(
-        self, cluster_dir: Path, topic: str, keys: int, rate: int, max_in_flight: int = 2000
+        self,
+        cluster_dir: Path,
+        topic: str,
+        keys: int,
+        rate: int,
+        max_in_flight: int = 2000,
+        idempotence: bool = True,
     ):
         self.cluster_dir, self.topic, self.keys, self.rate = cluster_dir, topic, keys, rate
+        self.idempotence = idempotence
         self.acks: list[chaos_check.Ack] = []
         self.failed: list[tuple[str, int, str]] = []
         self.sent = 0
@@ -132,7 +139,8 @@ class Load:
     def start(self) -> None:
         from localcluster.client import Producer
 
-        self.producer = Producer(cluster_dir=self.cluster_dir, acks="all", linger_ms=5,
+        self.producer = Producer({"enable.idempotence": self.idempotence},
+                                 cluster_dir=self.cluster_dir, acks="all", linger_ms=5,
                                  request_timeout_ms=3000, delivery_timeout_ms=300_000,
                                  retry_backoff_ms=50, max_block_ms=600_000)  # fmt: skip
         self.thread.start()
@@ -666,7 +674,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
               settings: dict[str, str] | None = None, brokers: int = 3, partitions: int = 3,
               replication_factor: int = 3, min_insync_replicas: int = 2, rate: int = 1000,
               max_down: int | None = None, topic: str | None = None, keep: bool = False,
-              say=print) -> dict:  # fmt: skip
+              idempotence: bool = True, say=print) -> dict:  # fmt: skip
     """Run the chaos and return the report (see docs/chaos.md). `say` gets the progress lines."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     settings = dict(settings or {})
@@ -701,7 +709,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
                         max_down if max_down is not None else max(1, brokers - 1), say)  # fmt: skip
         engine.children = children
         started_wall_ms = int(time.time() * 1000)
-        load = Load(cluster_dir, topic, keys=2 * partitions, rate=rate)
+        load = Load(cluster_dir, topic, keys=2 * partitions, rate=rate, idempotence=idempotence)
         load.start()
         say("chaos: faults as they happen:")
         engine.started = time.monotonic()
@@ -726,7 +734,8 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         report = {
             "verdict": result["verdict"], "seed": seed, "duration_s": duration_s,
             "kill_every_ms": kill_every_ms, "targets": list(targets), "faults": list(faults),
-            "settings": effective, "brokers": brokers, "topic": topic, "partitions": partitions,
+            "settings": effective, "idempotence": idempotence, "brokers": brokers, "topic": topic,
+            "partitions": partitions,
             "replication_factor": replication_factor, "min_insync_replicas": int(topic_config["min.insync.replicas"]),
             "cycles": engine.cycles, "skipped": engine.skipped, "fault_phase_s": round(fault_phase_s, 3),
             "sent": load.sent, "acknowledged": len(load.acks), "failed": len(load.failed),

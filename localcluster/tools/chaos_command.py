@@ -79,9 +79,13 @@ def _settings(ctx, param, values):
               help="Run against this running cluster instead of a fresh one in a temp dir.")  # fmt: skip
 @click.option("--keep", is_flag=True,
               help="Keep the temp cluster dir (stopped) for a post-mortem instead of removing it.")  # fmt: skip
+@click.option("--no-idempotence", "no_idempotence", is_flag=True,
+              help="Produce without idempotence (retries across a failover may then write records "
+                   "twice: the report counts them).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
 def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions, replication_factor,
-          min_insync_replicas, rate, max_down, settings, cluster_dir, keep, as_json):  # fmt: skip
+          min_insync_replicas, rate, max_down, settings, cluster_dir, keep, no_idempotence,
+          as_json):  # fmt: skip
     """Kill -9 (and SIGSTOP) brokers under acks=all load; prove no acknowledged record was lost.
 
     Prints the seeded schedule, the faults as they happen, a verdict and a JSON report
@@ -114,7 +118,8 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
         report = run_chaos(duration_s=duration_s, kill_every_ms=kill_every_ms, targets=targets, faults=faults,
                            seed=seed, cluster_dir=cluster_dir, settings=settings, brokers=brokers,
                            partitions=partitions, replication_factor=replication_factor,
-                           min_insync_replicas=min_insync_replicas, rate=rate, max_down=max_down, keep=keep, say=say)  # fmt: skip
+                           min_insync_replicas=min_insync_replicas, rate=rate, max_down=max_down, keep=keep,
+                           idempotence=not no_idempotence, say=say)  # fmt: skip
     except cluster.ClusterError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

@@ -69,6 +69,15 @@ def test_topics_produce_consume(cli):
                   "--print-offset", check=True)  # fmt: skip
     assert all(line.startswith("0:") for line in one.stdout.splitlines())
 
+    # `produce` is idempotent by default: each partition's leader knows the producer.
+    producers = cli.json("topic", "producers", "orders")["partitions"]
+    assert [p["partition"] for p in producers] == [0, 1]
+    ids = {row["producer_id"] for p in producers for row in p["producers"]}
+    assert len(ids) == 1 and min(ids) >= 0, producers
+    assert all(row["producer_epoch"] == 0 and row["last_sequence"] >= 0
+               for p in producers for row in p["producers"])  # fmt: skip
+    assert "producer id" in cli.run("topic", "producers", "orders", check=True).stdout
+
 
 def test_elect_reassign_and_delete_write_the_admin_znodes(cli):
     cli.run("topic", "create", "moves", "-p", "1", "-r", "2", check=True)

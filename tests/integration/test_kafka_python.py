@@ -61,10 +61,9 @@ def poll_exactly(consumer: KafkaConsumer, count: int, timeout_s: float = 20) -> 
 def test_producer_and_assigned_consumer_round_trip(broker, admin):
     topic = "kp-round-trip"
     create_topic(admin, topic, 3)
-    # kafka-python 3 turns idempotence on with acks=all; it needs InitProducerId, which the
-    # broker does not speak (yet), so the producer would refuse to start.
+    # kafka-python 3's default producer is idempotent (InitProducerId, sequence numbers).
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=5,
-                             enable_idempotence=False, request_timeout_ms=10_000, retries=5)  # fmt: skip
+                             request_timeout_ms=10_000, retries=5)  # fmt: skip
     try:
         sent, futures = [], []
         for i in range(45):

@@ -188,9 +188,7 @@ def kafkapython_round_trip(bootstrap, mechanism, user, topic, values) -> list[by
     sasl = {"bootstrap_servers": bootstrap, "security_protocol": "SASL_PLAINTEXT",
             "sasl_mechanism": mechanism, "sasl_plain_username": user,
             "sasl_plain_password": password(user)}  # fmt: skip
-    # kafka-python 3 is idempotent by default, which needs the idempotent producer of issue 14;
-    # that issue removes enable_idempotence=False.
-    producer = KafkaProducer(**sasl, enable_idempotence=False)
+    producer = KafkaProducer(**sasl)  # its defaults: idempotent, acks=all
     try:
         offsets = [producer.send(topic, v, partition=0).get(TIMEOUT_S).offset for v in values]
     finally:
@@ -219,8 +217,7 @@ def kafkapython_refused(bootstrap, mechanism, user, topic, caplog) -> str:
         # Short: kafka-python retries a refused bootstrap login until this deadline.
         KafkaProducer(bootstrap_servers=bootstrap, security_protocol="SASL_PLAINTEXT",
                       sasl_mechanism=mechanism, sasl_plain_username=user,
-                      sasl_plain_password=WRONG, enable_idempotence=False,  # issue 14 removes it
-                      bootstrap_timeout_ms=3000)  # fmt: skip
+                      sasl_plain_password=WRONG, bootstrap_timeout_ms=3000)  # fmt: skip
     return "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("kafka"))
 
 

@@ -1,9 +1,13 @@
 """The producer: Kafka's murmur2 and key partitioner; the sender against a fake broker
-(retries, metadata refresh after NOT_LEADER_OR_FOLLOWER, exhausted retries, acks=0)."""
+(retries, metadata refresh after NOT_LEADER_OR_FOLLOWER, exhausted retries, acks=0).
+
+`FakeLeader` is a tiny broker: it answers InitProducerId and checks idempotent batches'
+sequences as a broker does (the idempotence tests in test_client_idempotence.py use it)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 from hypothesis import given
@@ -15,7 +19,7 @@ from localcluster.client import AsyncProducer, KafkaError
 from localcluster.client.producer import murmur2, partition_for_key
 from localcluster.protocol import messages, produce
 from localcluster.protocol.api import SUPPORTED, ApiKey
-from localcluster.storage.record_batch import iter_batches, iter_records
+from localcluster.storage.record_batch import BatchHeader, iter_batches, iter_records
 from tests.unit.test_client_connection import FakeBroker
 
 # Kafka's own UtilsTest.testMurmur2 vectors.
@@ -49,15 +53,36 @@ def test_partition_for_key_is_in_range_and_positive(key, n):
 # -- the sender against a fake broker -----------------------------------------------------------
 
 
-class FakeLeader:
-    """Broker 1 leading topic t (partitions 0 and 1); produce answers pop `errors` first."""
+LOSE_ANSWER = "lose the answer"  # in `errors`: append, then close the connection unanswered
+SEQUENCES = 2**31
 
-    def __init__(self, errors: list[int]):
+
+class FakeLeader:
+    """Broker 1 leading topic t (partitions 0 and 1). Each partition's produce answer pops
+    `errors` first: an error code (nothing appended), 0 (as usual) or LOSE_ANSWER. Batches must
+    have a valid CRC; with a producer id their sequences are checked as a broker does: a lower
+    epoch is INVALID_PRODUCER_EPOCH, a new epoch starts at 0, a sequence must follow the last
+    (wrapping at Int.MaxValue), and one of the producer's last 5 batches is a duplicate,
+    answered with its first offset and not appended. `hold = n` holds the answers back until
+    n produce requests have come, to have several in flight at once."""
+
+    def __init__(self, errors: list, *, offer_init_producer_id: bool = True):
         self.errors = list(errors)
         self.metadata_requests = 0
         self.produce_requests: list[list[tuple[int, int]]] = []  # [(partition, records)]
         self.log: dict[int, list[bytes]] = {0: [], 1: []}
+        self.batches: dict[int, list[BatchHeader]] = {0: [], 1: []}  # every attempt received
+        self.raw: dict[int, list[bytes]] = {0: [], 1: []}  # their bytes
+        self.answers: dict[int, list[int]] = {0: [], 1: []}  # the error code of each
+        self.hold = 0
+        self.held: list[tuple] = []
+        self.appended: dict[int, list[BatchHeader]] = {0: [], 1: []}  # the batches in the log
+        # (partition, producer id) -> [epoch, [(first sequence, last sequence, base offset)]]
+        self.producers: dict[tuple[int, int], list] = {}
+        self.producer_ids = itertools.count(1000)
         versions = {k: (r.min, r.max) for k, r in SUPPORTED.items()}
+        if not offer_init_producer_id:
+            del versions[ApiKey.INIT_PRODUCER_ID]
         self.broker = FakeBroker(versions, self.on_request)
 
     async def start(self) -> str:
@@ -76,37 +101,93 @@ class FakeLeader:
             broker.send(
                 writer, header, messages.encode_response(ApiKey.METADATA, header.api_version, data)
             )
+        elif header.api_key == ApiKey.INIT_PRODUCER_ID:
+            answer = {"error_code": 0, "producer_id": next(self.producer_ids), "producer_epoch": 0}
+            broker.send(writer, header, messages.encode_response(header.api_key, header.api_version,
+                                                                 answer))  # fmt: skip
         elif header.api_key == ApiKey.PRODUCE:
             request = produce.read_produce_request(body, header.api_version)
-            results, seen = [], []
+            results, seen, lose = [], [], False
             for topic, partitions in request.topics:
                 out = []
                 for p in partitions:
-                    count = sum(h.records_count for _, h in iter_batches(bytes(p.records)))
-                    seen.append((p.partition, count))
+                    raw = bytes(p.records)
+                    batch = [h for _, h in iter_batches(raw, check_crc=True)]
+                    assert len(batch) == 1, "one batch per partition"
+                    seen.append((p.partition, batch[0].records_count))
+                    self.batches[p.partition].append(batch[0])
+                    self.raw[p.partition].append(raw)
                     error = self.errors.pop(0) if self.errors else 0
-                    if error:
+                    lose = lose or error == LOSE_ANSWER
+                    if error and error != LOSE_ANSWER:
                         out.append(produce.ProducePartitionResponse(p.partition, error))
-                        continue
-                    base = len(self.log[p.partition])
-                    self.log[p.partition] += [r.value for r in iter_records(bytes(p.records))]
-                    out.append(produce.ProducePartitionResponse(p.partition, 0, base))
+                    else:
+                        out.append(self.append(p.partition, raw, batch[0]))
+                    self.answers[p.partition].append(out[-1].error_code)
                 results.append((topic, out))
             self.produce_requests.append(seen)
-            if request.acks != 0:
-                broker.send(
-                    writer, header, produce.write_produce_response(results, header.api_version)
-                )
+            if lose:
+                writer.close()
+            elif request.acks != 0:
+                body = produce.write_produce_response(results, header.api_version)
+                self.held.append((writer, header, body))
+                if len(self.held) >= self.hold:
+                    for held in self.held:
+                        broker.send(*held)
+                    self.held, self.hold = [], 0
+
+    def append(self, partition: int, raw: bytes, header: BatchHeader):
+        verdict = self.check_sequence(partition, header)
+        if verdict is not None:
+            return verdict
+        base = len(self.log[partition])
+        self.log[partition] += [r.value for r in iter_records(raw)]
+        self.appended[partition].append(header)
+        if header.producer_id >= 0:
+            last = (header.base_sequence + header.records_count - 1) % SEQUENCES
+            entry = self.producers.setdefault(
+                (partition, header.producer_id), [header.producer_epoch, []]
+            )
+            if entry[0] != header.producer_epoch:
+                entry[:] = [header.producer_epoch, []]
+            entry[1] = [*entry[1][-4:], (header.base_sequence, last, base)]
+        return produce.ProducePartitionResponse(partition, 0, base)
+
+    def check_sequence(self, partition: int, header: BatchHeader):
+        entry = self.producers.get((partition, header.producer_id))
+        if header.producer_id < 0 or entry is None:
+            return None  # not idempotent, or a producer the partition has no state of
+        epoch, recent = entry
+        last = (header.base_sequence + header.records_count - 1) % SEQUENCES
+        if header.producer_epoch < epoch:
+            return produce.ProducePartitionResponse(partition, ErrorCode.invalid_producer_epoch)
+        if header.producer_epoch == epoch:
+            for first_sequence, last_sequence, base in recent:
+                if (first_sequence, last_sequence) == (header.base_sequence, last):
+                    return produce.ProducePartitionResponse(partition, 0, base)  # a duplicate
+            expected = (recent[-1][1] + 1) % SEQUENCES
+        else:
+            expected = 0
+        if header.base_sequence != expected:
+            return produce.ProducePartitionResponse(
+                partition, ErrorCode.out_of_order_sequence_number
+            )
+        return None
 
 
-def run_with_fake(errors, body, **settings):
+def run_with_fake(errors, body, *, offer_init_producer_id: bool = True, pass_fake: bool = False,
+                  **settings):  # fmt: skip
+    """Run body(producer) (body(producer, fake) with pass_fake) against a FakeLeader; returns
+    (the fake, what body returned)."""
+
     async def main():
-        fake = FakeLeader(errors)
+        fake = FakeLeader(errors, offer_init_producer_id=offer_init_producer_id)
         bootstrap = await fake.start()
         producer = AsyncProducer(bootstrap_servers=bootstrap, retry_backoff_ms=1, **settings)
         await producer.start()
         try:
-            return fake, await asyncio.wait_for(body(producer), 20)
+            running = body(producer, fake) if pass_fake else body(producer)
+            return fake, await asyncio.wait_for(running, 20)
         finally:
             await producer.close()
             await fake.broker.close()
