@@ -180,7 +180,7 @@ EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPO
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,
                    ApiKey.CONTROLLED_SHUTDOWN}  # fmt: skip
 # SASL's requests only make sense on a SASL listener (on this PLAINTEXT one they get
-# ILLEGAL_SASL_STATE and a closed connection); test_sasl.py speaks them.
+# ILLEGAL_SASL_STATE and a closed connection); test_sasl_clients.py speaks them.
 SASL_APIS = {ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE}
 
 
