@@ -279,6 +279,39 @@ def send_signal(pid: int, signum: int) -> bool:
         return False
 
 
+STOP_WAIT_S = 2.0
+
+
+def stop_and_wait(pid: int, timeout_s: float = STOP_WAIT_S) -> bool:
+    """SIGSTOP, then wait until every thread of pid has stopped: the signal is asynchronous,
+    and a thread that was waiting for a lock can still take it before it stops (a broker once
+    stopped holding the store's shared lock this way). False when the process is gone."""
+    if not send_signal(pid, signal.SIGSTOP):
+        return False
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = [process_state_of_thread(pid, t) for t in _threads(pid)]
+        if not states or all(s in (None, "T", "t", "Z", "X") for s in states):
+            return True
+        time.sleep(0.001)
+    return True  # still stopping: the caller's lock is released either way
+
+
+def _threads(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
+def process_state_of_thread(pid: int, tid: str) -> str | None:
+    try:
+        text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split(" ", 1)[0]
+
+
 def pause(spec: ClusterSpec, pid: int) -> bool:
     """SIGSTOP a process of the cluster at a moment it holds no lock of the file store.
 
@@ -292,7 +325,7 @@ def pause(spec: ClusterSpec, pid: int) -> bool:
         return send_signal(pid, signal.SIGSTOP)
     try:
         with lock_held(spec.coordination):
-            return send_signal(pid, signal.SIGSTOP)
+            return stop_and_wait(pid)
     except TimeoutError as e:
         raise ClusterError(f"pid {pid} was not paused: {e}; a stopped process of the cluster holds "
                            "it (`localcluster status` shows paused brokers; SIGCONT resumes them)") from None  # fmt: skip

@@ -87,6 +87,7 @@ def test_a_broker_paused_past_its_session_timeout_registers_again(brokers):
     import signal
 
     from localcluster import coord
+    from localcluster.cluster import stop_and_wait
     from localcluster.coord import paths
     from localcluster.coord.file_store import lock_held
     from tests.helpers import wait_until
@@ -97,7 +98,7 @@ def test_a_broker_paused_past_its_session_timeout_registers_again(brokers):
     try:
         # stopped inside the store's lock it would stop us too, and nobody would resume it
         with lock_held(str(brokers.cluster_dir / "store")):
-            os.kill(paused.pid, signal.SIGSTOP)
+            stop_and_wait(paused.pid)  # every thread stopped before the lock is released
         try:
             wait_until(lambda: store.exists(paths.broker_path(2)) is None, timeout_s=10,
                        message="the paused broker's session expires")  # fmt: skip
