@@ -26,7 +26,7 @@ _LINES = {
                             "HW %d", *c.tp, c.leader, c.leader_epoch, c.log_start_offset,
                             c.log_end_offset, c.high_watermark),
     r.Truncated: lambda c: (logging.INFO, "follower %s-%d truncated to %d (log end was %d)", *c.tp,
-                            c.offset, c.previous_end_offset),
+                            c.log_end_offset, c.previous_end_offset),
     r.StartingOver: lambda c: (logging.WARNING, "%s-%d: leader %d's log starts at %d, past our end "
                                "%d; starting over", *c.tp, c.leader, c.offset, c.previous_end_offset),
     r.EpochAnswered: lambda c: (logging.DEBUG, "%s-%d: leader %d: epoch %d ends at %d (asked about "

@@ -104,7 +104,8 @@ def complete_batches(records) -> memoryview:
 
 def truncate_follower(hosted, offset: int, ready: Ready) -> None:
     """Cut a follower's log to `offset` (nothing when it ends there already), counting the
-    result in its Partition now: the runtime runs the log action before anything else."""
+    result in its Partition now (the log says where the cut lands: it keeps whole batches);
+    the runtime runs the log action before anything else."""
     p = hosted.state
     if offset >= p.log_end_offset:
         return
@@ -112,9 +113,10 @@ def truncate_follower(hosted, offset: int, ready: Ready) -> None:
         ready.log_actions.append(TruncateFullyAndStartAt(p.tp, offset))
         p.on_follower_truncated(offset, offset)
         return
+    end = hosted.log.truncation_offset(offset)  # whole batches go: maybe below `offset`
     ready.log_actions.append(TruncateTo(p.tp, offset))
-    ready.state_changes.append(Truncated(p.tp, offset, p.log_end_offset))
-    p.on_follower_truncated(p.log_start_offset, offset)
+    ready.state_changes.append(Truncated(p.tp, offset, p.log_end_offset, end))
+    p.on_follower_truncated(p.log_start_offset, end)
 
 
 class FetchSessions:

@@ -172,8 +172,9 @@ class Following:
 @dataclass(frozen=True, slots=True)
 class Truncated:
     tp: TopicPartition
-    offset: int
+    offset: int  # where the follower decided to cut
     previous_end_offset: int
+    log_end_offset: int  # where the cut landed (whole batches go: at or below `offset`)
 
 
 @dataclass(frozen=True, slots=True)

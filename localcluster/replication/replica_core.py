@@ -6,8 +6,8 @@ It holds a `Partition` per hosted replica (HW, ISR, epochs), the commit queue
 writes. Each step takes an event and the time and returns one `Ready` (ready.py says how the
 runtime carries it out); the runtime (broker/replica_manager.py, replica_fetcher.py, or the
 simulator in tests/sim) owns sockets, files, timers and the loop, and reports outcomes back as
-the next step. The core reads a log only through `ReplicaLog` (offsets and the leader epoch
-cache, as etcd raft reads its Storage) and changes one only through log actions.
+the next step. The core reads a log only through `ReplicaLog` (as etcd raft reads its
+Storage) and changes one only through log actions.
 
 Rules it owns:
 - LeaderAndIsr and StopReplica are fenced by the request's controller epoch (broker-wide, as
@@ -63,7 +63,8 @@ ANSWERED = ProduceAnswer(errors.NONE)
 
 
 class ReplicaLog(Protocol):
-    """What the core reads of a partition's log; storage.Log is one."""
+    """What the core reads of a partition's log (offsets, the leader epoch cache, where a cut
+    would land, the time index); storage.Log is one. Reads only: changes are log actions."""
 
     @property
     def log_start_offset(self) -> int: ...
@@ -73,6 +74,7 @@ class ReplicaLog(Protocol):
     def latest_epoch(self) -> int: ...
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]: ...
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None: ...
+    def truncation_offset(self, offset: int) -> int: ...
 
 
 class PartitionStateLike(Protocol):

@@ -427,6 +427,14 @@ class Log:
 
     # -- truncation and retention -------------------------------------------------------------
 
+    def truncation_offset(self, offset: int) -> int:
+        """Where `truncate_to(offset)` would end the log: `offset`, or below it the base of the
+        batch that holds it (whole batches go)."""
+        if not self.log_start_offset <= offset < self.log_end_offset:
+            return offset if offset < self.log_start_offset else self.log_end_offset
+        segment = self._segments[bisect.bisect_right(self._bases, offset) - 1]
+        return segment.truncation_offset(offset)
+
     def truncate_to(self, offset: int) -> int:
         """Remove every record at or after `offset` (whole batches). Returns bytes removed."""
         if offset >= self.log_end_offset:

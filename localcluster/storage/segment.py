@@ -414,14 +414,24 @@ class LogSegment:
         self.size = position
         self._prefaulted = min(self._prefaulted, position)
 
-    def truncate_to(self, offset: int) -> int:
-        """Remove every batch that ends at or after `offset`... i.e. keep batches below it."""
+    def _first_batch_cut_at(self, offset: int) -> int:
+        """The index of the first batch a cut at `offset` removes."""
         i = self.index.first_batch_at_or_after(offset)
         # A batch containing `offset` (base < offset <= last) goes too: Kafka cuts at batches.
-        if i > 0:
-            prev = self.batch_header(i - 1)
-            if prev.last_offset >= offset:
-                i -= 1
+        if i > 0 and self.batch_header(i - 1).last_offset >= offset:
+            i -= 1
+        return i
+
+    def truncation_offset(self, offset: int) -> int:
+        """Where `truncate_to(offset)` leaves this segment's end."""
+        i = self._first_batch_cut_at(offset)
+        if i >= self.index.count:
+            return self.next_offset
+        return self.batch_header(i - 1).next_offset if i else self.base_offset
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch that ends at or after `offset`... i.e. keep batches below it."""
+        i = self._first_batch_cut_at(offset)
         if i >= self.index.count:
             return 0
         _, position = self.index.entry(i)

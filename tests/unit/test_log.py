@@ -394,6 +394,17 @@ def test_truncate_to_across_segments(log):
     check_indexes_agree(log)
 
 
+def test_truncation_offset_says_where_truncate_to_lands(log):
+    fill(log, [(2, 200)] * 10)  # batches of two, over several segments
+    bases = [s.base_offset for s in log.segments]
+    for offset in [*range(0, 21), *bases]:
+        assert log.truncation_offset(offset) == min(offset - offset % 2, log.log_end_offset)
+    assert log.truncation_offset(99) == log.log_end_offset
+    landed = log.truncation_offset(9)
+    log.truncate_to(9)
+    assert log.log_end_offset == landed == 8
+
+
 def test_truncate_to_a_segment_base_leaves_an_empty_active_segment(log):
     fill(log, [(2, 200)] * 8)
     base = log.segments[2].base_offset

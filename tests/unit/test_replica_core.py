@@ -36,6 +36,9 @@ class MemoryLog:
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         return self.leader_epoch_cache.end_offset_for(epoch, self.log_end_offset)
 
+    def truncation_offset(self, offset: int) -> int:
+        return offset  # one record a batch
+
     def append(self, count: int, epoch: int) -> None:
         self.leader_epoch_cache.assign(epoch, self.log_end_offset)
         self.log_end_offset += count
@@ -233,7 +236,7 @@ def test_become_follower_asks_the_leader_where_its_epoch_ends_then_fetches():
     assert rt.step(rt.core.on_epoch_response(asked, errors.NONE, 2, 5, now_ms=1)) == expect("""
         log TruncateTo offset=5
         state EpochAnswered leader=2 asked_epoch=2 leader_epoch=2 end_offset=5 cut_at=5 next_epoch=None
-        state Truncated offset=5 previous_end_offset=7
+        state Truncated offset=5 previous_end_offset=7 log_end_offset=5
         state TruncationDone leader=2 log_end_offset=5
         poll [2]""")
     assert rt.poll(2, now_ms=1) == "send Fetch to 2: t-0@5:e3 wait 500"
@@ -244,7 +247,7 @@ def test_hw_truncation_cuts_to_the_hw_on_becoming_follower():
     rt.open(log=MemoryLog(epochs=[(1, 5)]), checkpointed_hw=3)
     assert rt.leader_and_isr(State(2, 2, (2, 1))) == expect("""
         log TruncateTo offset=3
-        state Truncated offset=3 previous_end_offset=5
+        state Truncated offset=3 previous_end_offset=5 log_end_offset=3
         state Following leader=2 leader_epoch=2 log_start_offset=0 log_end_offset=3 high_watermark=3
         wake fetches
         poll [2]
@@ -261,7 +264,7 @@ def test_kip279_a_leader_epoch_the_follower_never_had_takes_two_rounds():
     assert rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 2, 4, 0)) == expect("""
         log TruncateTo offset=2
         state EpochAnswered leader=2 asked_epoch=3 leader_epoch=2 end_offset=4 cut_at=2 next_epoch=1
-        state Truncated offset=2 previous_end_offset=5
+        state Truncated offset=2 previous_end_offset=5 log_end_offset=2
         poll [2]""")
     assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: epoch 1"
     assert rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 1, 2, 0)).endswith(
@@ -276,7 +279,7 @@ def test_a_follower_with_no_epoch_history_cuts_to_its_hw_without_asking():
     rt.leader_and_isr(State(2, 1, (2, 1)))
     assert rt.poll(2) == expect("""
         log TruncateTo offset=0
-        state Truncated offset=0 previous_end_offset=4
+        state Truncated offset=0 previous_end_offset=4 log_end_offset=0
         state TruncationDone leader=2 log_end_offset=0
         send Fetch to 2: t-0@0:e1 wait 500""")
 
