@@ -19,6 +19,7 @@ from localcluster.broker.producer_ids import (
 from localcluster.client.connection import Address, BrokerConnection, LoopThread
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
+from tests.helpers import wait_until
 
 
 def isolated_client(backend):
@@ -109,4 +110,6 @@ def test_a_transactional_id_is_refused_with_invalid_request(brokers):
     broker = brokers.start(1)
     response = init_producer_id(broker.port, transactional_id="txn-1")
     assert response.error_code == 42 and response.producer_id == -1
-    assert "transactions do not exist here" in broker.log_text()
+    # the broker's output reaches us through a reader thread: wait for the line
+    wait_until(lambda: "transactions do not exist here" in broker.log_text(), timeout_s=10,
+               message="the refusal in the broker's log")  # fmt: skip
