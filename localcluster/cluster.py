@@ -138,11 +138,13 @@ def data_dir_of(cluster_dir: Path, spec: ClusterSpec, broker_id: int) -> Path:
 # -- processes ----------------------------------------------------------------------------------
 
 
-def process_state(pid: int) -> str | None:
-    """The kernel's one-letter state (R, S, D, T, Z, ...) or None when there is no such pid."""
+def process_state(pid: int, thread: str | None = None) -> str | None:
+    """The kernel's one-letter state (R, S, D, T, Z, ...) of pid (or of one of its threads)
+    or None when there is no such pid."""
+    stat = f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat"
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        text = Path(stat).read_text()
+    except OSError:
         return None
     return text[text.rindex(")") + 2 :].split(" ", 1)[0]
 
@@ -290,7 +292,7 @@ def stop_and_wait(pid: int, timeout_s: float = STOP_WAIT_S) -> bool:
         return False
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        states = [process_state_of_thread(pid, t) for t in _threads(pid)]
+        states = [process_state(pid, t) for t in _threads(pid)]
         if not states or all(s in (None, "T", "t", "Z", "X") for s in states):
             return True
         time.sleep(0.001)
@@ -302,14 +304,6 @@ def _threads(pid: int) -> list[str]:
         return os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []
-
-
-def process_state_of_thread(pid: int, tid: str) -> str | None:
-    try:
-        text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split(" ", 1)[0]
 
 
 def pause(spec: ClusterSpec, pid: int) -> bool:

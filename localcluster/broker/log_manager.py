@@ -49,6 +49,11 @@ def partition_dir_name(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
+def batch_headers(records) -> list[rb.BatchHeader]:
+    """The batch headers of a produce's or fetch's records (the log validates their CRCs)."""
+    return [h for _, h in rb.iter_batches(records, check_crc=False)]
+
+
 def parse_partition_dir(name: str) -> TopicPartition | None:
     topic, sep, number = name.rpartition("-")
     return (topic, int(number)) if sep and topic and number.isdigit() else None
@@ -155,7 +160,7 @@ class LogManager:
         """A client's batches on the leader: the producer state's verdict first (a
         RejectedAppend or a DuplicateBatch appends nothing), then the append; the AppendInfo."""
         lg, producers = self.logs[tp], self.producer_states[tp]
-        headers = [h for _, h in rb.iter_batches(records, check_crc=False)]
+        headers = batch_headers(records)
         verdict = producers.state.check_client_append(headers, lg.log_end_offset)
         if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
             return verdict
@@ -194,9 +199,7 @@ class LogManager:
                 segment = lg.active_segment.base_offset
                 lg.append_as_follower(append.records)
                 # Followers keep the producer state too (unchecked), so a new leader has it.
-                self.producer_states[append.tp].state.replay(
-                    [h for _, h in rb.iter_batches(append.records, check_crc=False)]
-                )
+                self.producer_states[append.tp].state.replay(batch_headers(append.records))
                 if lg.active_segment.base_offset != segment:
                     self._snapshot(append.tp)
         except (UnexpectedAppendOffsetError, CorruptRecordError) as e:

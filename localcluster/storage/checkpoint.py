@@ -14,7 +14,6 @@ high watermark or an epoch history could lose acknowledged records.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -33,20 +32,23 @@ class CheckpointError(Exception):
     """A checkpoint file cannot be read; the message names the file, the line and what to do."""
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Temp file, fsync, rename over `path`, fsync the directory: a reader sees the old file
+    or the new one. Checkpoints, producer state snapshots and credential files all use it."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        data = text.encode()
-        if os.write(fd, data) != len(data):  # a short write: the filesystem is full
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.fchmod(fd, mode)  # a temp file left by a crash keeps its old mode otherwise
+        view = memoryview(data.encode() if isinstance(data, str) else data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except OSError as e:
         # ENOSPC lands here, not as a signal: the old file stays, the temp file goes.
         os.close(fd)
         tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, f"writing checkpoint {path}: {e.strerror}") from e
+        raise OSError(e.errno, f"writing {path}: {e.strerror}") from e
     os.close(fd)
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)

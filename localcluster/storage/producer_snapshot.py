@@ -26,11 +26,11 @@ Rules (Kafka's truncateAndReload, rebuildProducerState, deleteSnapshotsBefore):
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from localcluster.storage.checkpoint import write_atomically
 from localcluster.storage.log import Log
 from localcluster.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -97,25 +97,6 @@ def decode_snapshot(data: bytes, offset: int) -> list[ProducerStateEntry]:
         entries[pid] = ProducerStateEntry(pid, epoch, batches if last_offset >= 0 else (),
                                           timestamp, coordinator_epoch)  # fmt: skip
     return list(entries.values())
-
-
-def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """checkpoint.write_atomically for bytes: temp file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def list_snapshots(directory: Path) -> list[int]:
@@ -222,7 +203,7 @@ class ProducerStateManager:
         if state.map_end_offset <= self._last_snapshot_offset:
             return None
         path = self.snapshot_path(state.map_end_offset)
-        write_bytes_atomically(path, encode_snapshot(list(state.producers.values())))
+        write_atomically(path, encode_snapshot(list(state.producers.values())))
         self._last_snapshot_offset = state.map_end_offset
         log.info("wrote producer snapshot %s with %d producers", path, len(state.producers))
         return path

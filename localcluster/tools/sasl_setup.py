@@ -19,6 +19,7 @@ from pathlib import Path
 
 from localcluster.protocol.sasl import PLAIN, SCRAM_SHA_256
 from localcluster.protocol.scram import encode_scram_credential, scram_credential
+from localcluster.storage.checkpoint import write_atomically
 
 BROKER_USER = "broker"
 CLIENT_USER = "client"
@@ -33,14 +34,6 @@ def broker_sasl_settings(cluster_dir: Path) -> dict[str, str]:
             "super.users": f"User:{BROKER_USER}"}  # fmt: skip
 
 
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
-
-
 def set_scram_user(zk, user: str, password: str) -> None:
     credential = scram_credential(password, os.urandom(24), mechanism=SCRAM_SHA_256)
     config = dict(zk.user_config(user))
@@ -51,7 +44,7 @@ def set_scram_user(zk, user: str, password: str) -> None:
 def setup_sasl(cluster_dir: Path, zk) -> dict[str, str]:
     """Write the JAAS file, client.properties and the SCRAM users; return the client settings."""
     broker_password, client_password = secrets.token_urlsafe(12), secrets.token_urlsafe(12)
-    _write_private(Path(cluster_dir) / JAAS_FILE, (
+    write_atomically(Path(cluster_dir) / JAAS_FILE, (
         "KafkaServer {\n"
         f'  {PLAIN_MODULE} required\n'
         f'    username="{BROKER_USER}" password="{broker_password}"\n'
@@ -59,13 +52,13 @@ def setup_sasl(cluster_dir: Path, zk) -> dict[str, str]:
         f'    user_{CLIENT_USER}="{client_password}";\n'
         f'  {SCRAM_MODULE} required\n'
         f'    username="{BROKER_USER}" password="{broker_password}";\n'
-        "};\n"))  # fmt: skip
+        "};\n"), mode=0o600)  # fmt: skip
     for user, password in ((BROKER_USER, broker_password), (CLIENT_USER, client_password)):
         set_scram_user(zk, user, password)
     settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": PLAIN,
                 "sasl.username": CLIENT_USER, "sasl.password": client_password}  # fmt: skip
-    _write_private(client_properties_path(cluster_dir),
-                   "".join(f"{k}={v}\n" for k, v in settings.items()))  # fmt: skip
+    write_atomically(client_properties_path(cluster_dir),
+                     "".join(f"{k}={v}\n" for k, v in settings.items()), mode=0o600)  # fmt: skip
     return settings
 
 
