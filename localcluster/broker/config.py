@@ -75,6 +75,23 @@ class BrokerConfig:
     )
     message_max_bytes: int = _prop("message.max.bytes", 1048588)
     producer_id_expiration_ms: int = _prop("producer.id.expiration.ms", 86_400_000)
+    # The group coordinator (broker/group_coordinator.py), Kafka's names and defaults but one.
+    offsets_topic_num_partitions: int = _prop("offsets.topic.num.partitions", 50)
+    offsets_topic_replication_factor: int = _prop(
+        "offsets.topic.replication.factor", 3, "lowered to the live brokers, with a log line")  # fmt: skip
+    offsets_topic_segment_bytes: int = _prop("offsets.topic.segment.bytes", 104_857_600)
+    offsets_commit_timeout_ms: int = _prop("offsets.commit.timeout.ms", 5_000)
+    offsets_retention_minutes: int = _prop("offsets.retention.minutes", 10_080)
+    offsets_retention_check_interval_ms: int = _prop(
+        "offsets.retention.check.interval.ms", 600_000)  # fmt: skip
+    offset_metadata_max_bytes: int = _prop("offset.metadata.max.bytes", 4_096)
+    group_min_session_timeout_ms: int = _prop("group.min.session.timeout.ms", 6_000)
+    group_max_session_timeout_ms: int = _prop("group.max.session.timeout.ms", 1_800_000)
+    # Kafka's 3000 holds the first JoinGroup of an empty group 3 s so that consumers started
+    # together join one rebalance. On a test cluster most groups start one consumer and wait
+    # for it, so 0 (what Kafka's own test and container setups use); set 3000 for Kafka's.
+    group_initial_rebalance_delay_ms: int = _prop("group.initial.rebalance.delay.ms", 0)
+    group_max_size: int = _prop("group.max.size", 2**31 - 1)
     socket_request_max_bytes: int = _prop("socket.request.max.bytes", 100 * 1024 * 1024)
     auto_create_topics_enable: bool = _prop("auto.create.topics.enable", True)
     auto_leader_rebalance_enable: bool = _prop("auto.leader.rebalance.enable", True)
@@ -111,9 +128,15 @@ class BrokerConfig:
                 f"replication.protocol={self.replication_protocol!r}: use leader-epoch or "
                 "hw-truncation"
             )
-        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas"):
+        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas",
+                     "offsets_topic_num_partitions", "offsets_topic_replication_factor"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_property(name)} must be at least 1")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ConfigError(
+                f"group.min.session.timeout.ms={self.group_min_session_timeout_ms} must not "
+                f"exceed group.max.session.timeout.ms={self.group_max_session_timeout_ms}"
+            )
         settings = self.listener_settings  # raises ConfigError naming the property
         self._check_sasl(settings)
         if self.replica_fetch_wait_max_ms > self.replica_lag_time_max_ms:

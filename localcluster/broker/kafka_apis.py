@@ -25,7 +25,7 @@ from localcluster.broker.authorizer import (
     TOPIC_AUTHORIZATION_FAILED,
     Authorizer,
 )
-from localcluster.broker.metadata import ClusterMetadata, TopicCreationError
+from localcluster.broker.metadata import OFFSETS_TOPIC, ClusterMetadata, TopicCreationError
 from localcluster.broker.network import ConnectionContext
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.sasl_authenticator import SaslAuthenticator
@@ -41,6 +41,8 @@ from localcluster.protocol.api import (
 from localcluster.protocol.wire import MalformedRequestError, Reader
 
 log = logging.getLogger(__name__)
+
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 
 
 class KafkaApis:
@@ -78,6 +80,12 @@ class KafkaApis:
         }  # fmt: skip
         self.controller = None  # KafkaController, set by the server
         self.producer_ids = None  # ProducerIdManager, set by the server
+        self.on_replicas_changed = lambda: None  # the group coordinator's, set by the server
+
+    def add_handlers(self, handlers: dict) -> None:
+        """APIs served by another module (the group APIs)."""
+        assert not set(handlers) & set(self._handlers)
+        self._handlers.update(handlers)
 
     async def handle(self, frame: memoryview, context: ConnectionContext) -> list | None:
         if (
@@ -184,6 +192,8 @@ class KafkaApis:
         if request.acks not in (0, 1, -1):
             results = [produce.ProducePartitionResponse(tp[1], ErrorCode.invalid_required_acks)
                        for tp, _ in entries]  # fmt: skip
+        elif any(tp[0] in INTERNAL_TOPICS for tp, _ in entries):
+            results = await self._append_refusing_internal(request, entries, context)
         else:
             results = await self.replica_manager.append_records(request.acks, request.timeout_ms,
                                                                 entries)  # fmt: skip
@@ -193,6 +203,19 @@ class KafkaApis:
         for ((topic, _), _records), result in zip(entries, results, strict=True):
             responses.setdefault(topic, []).append(result)
         return produce.write_produce_response(list(responses.items()), header.api_version)
+
+    async def _append_refusing_internal(self, request, entries, context) -> list:
+        """Kafka's rule: only the group coordinator appends to an internal topic; a client's
+        batch for one gets INVALID_TOPIC_EXCEPTION, the others are appended as usual."""
+        refused = [tp for tp, _ in entries if tp[0] in INTERNAL_TOPICS]
+        log.warning("produce to internal topic %s from %s refused: only the group coordinator "
+                    "writes it", ", ".join(sorted({t for t, _ in refused})), context.describe())  # fmt: skip
+        allowed = [(tp, records) for tp, records in entries if tp[0] not in INTERNAL_TOPICS]
+        appended = iter(await self.replica_manager.append_records(
+            request.acks, request.timeout_ms, allowed) if allowed else [])  # fmt: skip
+        return [produce.ProducePartitionResponse(tp[1], ErrorCode.invalid_topic_exception,
+                                                 error_message=f"cannot append to internal topic {tp[0]}")
+                if tp[0] in INTERNAL_TOPICS else next(appended) for tp, _ in entries]  # fmt: skip
 
     # -- Fetch --------------------------------------------------------------------------------
 
@@ -274,6 +297,7 @@ class KafkaApis:
         request = controller_requests.read_leader_and_isr(reader)
         configs = await self.metadata.topic_configs({p.topic for p in request.partitions})
         response = self.replica_manager.become_leader_or_follower(request, configs)
+        self.on_replicas_changed()
         return controller_requests.write_partition_errors(response)
 
     async def handle_update_metadata(
@@ -286,9 +310,9 @@ class KafkaApis:
         self, header: RequestHeader, reader: Reader, context: ConnectionContext
     ) -> bytes:
         request = controller_requests.read_stop_replica(reader)
-        return controller_requests.write_partition_errors(
-            self.replica_manager.stop_replicas(request)
-        )
+        response = self.replica_manager.stop_replicas(request)
+        self.on_replicas_changed()
+        return controller_requests.write_partition_errors(response)
 
     async def handle_controlled_shutdown(
         self, header: RequestHeader, reader: Reader, context: ConnectionContext

@@ -31,6 +31,7 @@ from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr
 
 log = logging.getLogger(__name__)
 
+OFFSETS_TOPIC = "__consumer_offsets"  # the group coordinator's internal topic
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 TOPIC_CONFIGS = {"segment.bytes", "retention.ms", "retention.bytes", "min.insync.replicas",
                  "unclean.leader.election.enable", "cleanup.policy", "max.message.bytes"}  # fmt: skip
@@ -116,6 +117,12 @@ class ClusterMetadata:
     def is_registered(self) -> bool:
         return self.coord.exists(paths.broker_path(self.broker_id)) is not None
 
+    async def offsets_partition_count(self) -> int:
+        """How many partitions `__consumer_offsets` has (groups map onto them)."""
+        assignment = await self._run(self.zk.assignment, OFFSETS_TOPIC)
+        assert assignment is not None, "an offsets partition is led here, so the topic exists"
+        return len(assignment.partitions)
+
     # -- Metadata -----------------------------------------------------------------------------
 
     async def topic_configs(self, topics) -> dict[str, dict[str, str]]:
@@ -123,7 +130,10 @@ class ClusterMetadata:
 
     async def describe(self, names: list[str] | None, allow_auto_create: bool,
                        listener: ListenerInfo) -> dict:  # fmt: skip
-        return await self._run(self._describe, names, allow_auto_create, listener)
+        data = await self._run(self._describe, names, allow_auto_create, listener)
+        for topic in data["topics"]:
+            topic["is_internal"] = topic["name"] == OFFSETS_TOPIC
+        return data
 
     @staticmethod
     def _brokers_on(listener: ListenerInfo, brokers) -> tuple[list[dict], set[int]]:

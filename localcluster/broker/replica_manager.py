@@ -246,6 +246,14 @@ class ReplicaManager:
                 self.metrics.record_produce(info.valid_bytes, info.records_count, latency_us)
         return responses
 
+    def append_to_internal_topic(self, tp: TopicPartition, records, timeout_ms: int
+                                 ) -> tuple[ProducePartitionResponse, asyncio.Future | None]:  # fmt: skip
+        """The group coordinator's acks=all append, done before this returns (so appends keep
+        their order): the response (an error, or the base offset) and the future that the
+        commit is answered on (its result an error code), None when already committed."""
+        response, _info, future = self._append_to_leader(tp, records, -1, timeout_ms)
+        return response, future
+
     def _append_to_leader(self, tp: TopicPartition, records, acks: int, timeout_ms: int):
         """(response, AppendInfo or None, the future a parked produce is answered on or None)."""
         partition = tp[1]

@@ -34,6 +34,8 @@ from pathlib import Path
 from localcluster import coord
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
+from localcluster.broker.group_apis import GroupApis
+from localcluster.broker.group_coordinator import GroupCoordinator
 from localcluster.broker.inter_broker import InterBrokerConnector, host_id
 from localcluster.broker.kafka_apis import KafkaApis
 from localcluster.broker.metadata import ClusterMetadata
@@ -215,6 +217,10 @@ class BrokerServer:
                                  c.connection_failed_authentication_delay_ms)  # fmt: skip
         apis = KafkaApis(self.replica_manager, self.metadata, Authorizer(c.super_user_names), sasl)
         apis.producer_ids = ProducerIdManager(c.broker_id, lambda: self.coord)
+        self.group_coordinator = GroupCoordinator(self.replica_manager, c,
+                                                  self.metadata.offsets_partition_count)  # fmt: skip
+        apis.add_handlers(GroupApis(self.group_coordinator, self.metadata, c).handlers())
+        apis.on_replicas_changed = self.group_coordinator.on_replicas_changed
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(
             self.metadata.update_isr, update
@@ -346,6 +352,8 @@ class BrokerServer:
         if getattr(self, "metadata", None) is not None:
             await asyncio.to_thread(self.metadata.deregister)  # clients stop routing here first
         await cancel_and_wait(*self._tasks)
+        if getattr(self, "group_coordinator", None) is not None:
+            self.group_coordinator.close()
         if self.replica_manager.fetchers is not None:
             await self.replica_manager.fetchers.close()
         for listener in self._listeners:

@@ -191,7 +191,7 @@ class GroupCoordinatorShard:
         self.timers.arm(
             ("expire-offsets",), now_ms + self.config.offsets_retention_check_interval_ms
         )
-        log.info("__consumer_offsets-%d: loaded %d groups (%d offsets) in epoch %d", self.partition,
+        log.debug("__consumer_offsets-%d: loaded %d groups (%d offsets) in epoch %d", self.partition,
                  len(self.groups), sum(len(g.offsets) for g in self.groups.values()),
                  self.coordinator_epoch)  # fmt: skip
         return self._result()

@@ -46,10 +46,96 @@ def broker(tmp_path_factory):
             "topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1}],
             "timeout": 10_000}))  # fmt: skip
         assert created.topics[0].error_code == 0, created
+        wait_for_group_coordinator(raw)
         raw.close()
         yield broker
     finally:
         started.cleanup()
+
+
+def wait_for_group_coordinator(raw: Raw) -> None:
+    """The first FindCoordinator creates __consumer_offsets; wait until its shard is loaded."""
+
+    def loaded() -> bool:
+        found = raw.request(ApiKey.FIND_COORDINATOR, 3, sample_request(ApiKey.FIND_COORDINATOR, 3))
+        if found.error_code != 0:
+            return False
+        fetched = raw.request(ApiKey.OFFSET_FETCH, 7, messages.encode_request(9, 7, {
+            "group_id": "probe", "topics": None}))  # fmt: skip
+        return fetched.error_code == 0
+
+    wait_until(loaded, timeout_s=30, interval_s=0.05, message="a loaded group coordinator")
+
+
+def _group_sample(api_key: int, version: int) -> dict:
+    """The group APIs' sample bodies (their answers are checked in `check_response`)."""
+    commit_partition = {"partition_index": 0, "committed_offset": 10 + version,
+                        "committed_leader_epoch": -1, "committed_metadata": "m"}  # fmt: skip
+    fetch_topics = [{"name": TOPIC, "partition_indexes": [0]}]
+    return {
+        ApiKey.FIND_COORDINATOR: {"key": "versions-group", "key_type": 0,
+                                  "coordinator_keys": ["versions-group"]},
+        ApiKey.JOIN_GROUP: {"group_id": f"join-v{version}", "session_timeout": 10_000,
+                            "rebalance_timeout": 10_000, "member_id": "",
+                            "protocol_type": "consumer",
+                            "protocols": [{"name": "range", "metadata": b""}]},
+        ApiKey.SYNC_GROUP: {"group_id": "nobody", "generation_id": 1, "member_id": "m-1",
+                            "assignments": []},
+        ApiKey.HEARTBEAT: {"group_id": "nobody", "generation_id": 1, "member_id": "m-1"},
+        ApiKey.LEAVE_GROUP: {"group_id": "nobody", "member_id": "m-1",
+                             "members": [{"member_id": "m-1"}]},
+        ApiKey.OFFSET_COMMIT: {"group_id": f"commit-v{version}", "generation_id_or_member_epoch": -1,
+                               "member_id": "", "retention_time": -1,
+                               "topics": [{"name": TOPIC, "partitions": [commit_partition]}]},
+        ApiKey.OFFSET_FETCH: {"group_id": "commit-v2", "topics": fetch_topics,
+                              "groups": [{"group_id": "commit-v2", "member_id": None,
+                                          "member_epoch": -1, "topics": fetch_topics}]},
+        ApiKey.OFFSET_DELETE: {"group_id": "commit-v5", "topics": [
+            {"name": TOPIC, "partitions": [{"partition_index": 0}]}]},
+        ApiKey.LIST_GROUPS: {},
+        ApiKey.DESCRIBE_GROUPS: {"groups": ["commit-v3"]},
+        ApiKey.DELETE_GROUPS: {"groups_names": [f"commit-v{6 + version}"]},
+    }[api_key]
+
+
+GROUP_APIS = [ApiKey.FIND_COORDINATOR, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT,
+              ApiKey.LEAVE_GROUP, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.OFFSET_DELETE,
+              ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.DELETE_GROUPS]  # fmt: skip
+UNKNOWN_MEMBER_ID, MEMBER_ID_REQUIRED = 25, 79
+
+
+def _check_group_response(api_key: int, version: int, response) -> None:
+    if api_key == ApiKey.FIND_COORDINATOR:
+        found = response.coordinators[0] if version >= 4 else response
+        assert found.error_code == 0 and found.node_id == 1, response
+    elif api_key == ApiKey.JOIN_GROUP:
+        if version >= 4:  # KIP-394: a new member first gets its id
+            assert response.error_code == MEMBER_ID_REQUIRED and response.member_id, response
+        else:
+            assert response.error_code == 0 and response.generation_id == 1, response
+            assert response.leader == response.member_id, response
+    elif api_key in (ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT):
+        assert response.error_code == UNKNOWN_MEMBER_ID, response
+    elif api_key == ApiKey.LEAVE_GROUP:
+        codes = {response.error_code, *(m.error_code for m in getattr(response, "members", ()))}
+        assert UNKNOWN_MEMBER_ID in codes, response
+    elif api_key == ApiKey.OFFSET_COMMIT:
+        assert response.topics[0].partitions[0].error_code == 0, response
+    elif api_key == ApiKey.OFFSET_FETCH:
+        topics = response.groups[0].topics if version >= 8 else response.topics
+        (partition,) = topics[0].partitions
+        assert partition.error_code == 0 and partition.committed_offset == 12, response
+    elif api_key == ApiKey.OFFSET_DELETE:
+        assert response.error_code == 0, response
+        assert response.topics[0].partitions[0].error_code == 0, response
+    elif api_key == ApiKey.LIST_GROUPS:
+        assert response.error_code == 0 and "commit-v2" in {g.group_id for g in response.groups}
+    elif api_key == ApiKey.DESCRIBE_GROUPS:
+        (group,) = response.groups
+        assert (group.error_code, group.group_state) == (0, "Empty"), response
+    else:
+        assert api_key == ApiKey.DELETE_GROUPS
+        assert response.results[0].error_code == 0, response
 
 
 def api_versions_body(version: int) -> bytes:
@@ -122,6 +208,8 @@ def sample_request(api_key: int, version: int) -> bytes:
             "timeout": 10_000})  # fmt: skip
     if api_key == ApiKey.API_VERSIONS:
         return api_versions_body(version)
+    if api_key in GROUP_APIS:
+        return messages.encode_request(api_key, version, _group_sample(api_key, version))
     if api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return messages.encode_request(api_key, version, {"replica_id": -1, "topics": [
             {"topic": TOPIC, "partitions": [{"partition": 0, "current_leader_epoch": -1,
@@ -158,6 +246,8 @@ def check_response(api_key: int, version: int, response) -> None:
         assert topic.name == f"created-v{version}" and topic.error_code == 0, response
     elif api_key == ApiKey.API_VERSIONS:
         assert response.error_code == 0
+    elif api_key in GROUP_APIS:
+        _check_group_response(api_key, version, response)
     elif api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
         (partition,) = response.topics[0].partitions
         # Epoch 0 is the only (so the latest) epoch: it ends at the log end, past the Produce.
@@ -174,7 +264,7 @@ def check_response(api_key: int, version: int, response) -> None:
 # Produce first so that every Fetch and ListOffsets version finds a record.
 ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
          ApiKey.LIST_OFFSETS, ApiKey.CREATE_TOPICS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
-         ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS]  # fmt: skip
+         ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS, *GROUP_APIS]  # fmt: skip
 EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
 # The controller's requests change leadership; they are tested where a controller is.
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,
