@@ -128,8 +128,13 @@ class BrokerConfig:
                 f"replication.protocol={self.replication_protocol!r}: use leader-epoch or "
                 "hw-truncation"
             )
-        for name in ("num_partitions", "default_replication_factor", "min_insync_replicas",
-                     "offsets_topic_num_partitions", "offsets_topic_replication_factor"):
+        for name in (
+            "num_partitions",
+            "default_replication_factor",
+            "min_insync_replicas",
+            "offsets_topic_num_partitions",
+            "offsets_topic_replication_factor",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_property(name)} must be at least 1")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:

@@ -73,25 +73,54 @@ def _group_sample(api_key: int, version: int) -> dict:
                         "committed_leader_epoch": -1, "committed_metadata": "m"}  # fmt: skip
     fetch_topics = [{"name": TOPIC, "partition_indexes": [0]}]
     return {
-        ApiKey.FIND_COORDINATOR: {"key": "versions-group", "key_type": 0,
-                                  "coordinator_keys": ["versions-group"]},
-        ApiKey.JOIN_GROUP: {"group_id": f"join-v{version}", "session_timeout": 10_000,
-                            "rebalance_timeout": 10_000, "member_id": "",
-                            "protocol_type": "consumer",
-                            "protocols": [{"name": "range", "metadata": b""}]},
-        ApiKey.SYNC_GROUP: {"group_id": "nobody", "generation_id": 1, "member_id": "m-1",
-                            "assignments": []},
+        ApiKey.FIND_COORDINATOR: {
+            "key": "versions-group",
+            "key_type": 0,
+            "coordinator_keys": ["versions-group"],
+        },
+        ApiKey.JOIN_GROUP: {
+            "group_id": f"join-v{version}",
+            "session_timeout": 10_000,
+            "rebalance_timeout": 10_000,
+            "member_id": "",
+            "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b""}],
+        },
+        ApiKey.SYNC_GROUP: {
+            "group_id": "nobody",
+            "generation_id": 1,
+            "member_id": "m-1",
+            "assignments": [],
+        },
         ApiKey.HEARTBEAT: {"group_id": "nobody", "generation_id": 1, "member_id": "m-1"},
-        ApiKey.LEAVE_GROUP: {"group_id": "nobody", "member_id": "m-1",
-                             "members": [{"member_id": "m-1"}]},
-        ApiKey.OFFSET_COMMIT: {"group_id": f"commit-v{version}", "generation_id_or_member_epoch": -1,
-                               "member_id": "", "retention_time": -1,
-                               "topics": [{"name": TOPIC, "partitions": [commit_partition]}]},
-        ApiKey.OFFSET_FETCH: {"group_id": "commit-v2", "topics": fetch_topics,
-                              "groups": [{"group_id": "commit-v2", "member_id": None,
-                                          "member_epoch": -1, "topics": fetch_topics}]},
-        ApiKey.OFFSET_DELETE: {"group_id": "commit-v5", "topics": [
-            {"name": TOPIC, "partitions": [{"partition_index": 0}]}]},
+        ApiKey.LEAVE_GROUP: {
+            "group_id": "nobody",
+            "member_id": "m-1",
+            "members": [{"member_id": "m-1"}],
+        },
+        ApiKey.OFFSET_COMMIT: {
+            "group_id": f"commit-v{version}",
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "retention_time": -1,
+            "topics": [{"name": TOPIC, "partitions": [commit_partition]}],
+        },
+        ApiKey.OFFSET_FETCH: {
+            "group_id": "commit-v2",
+            "topics": fetch_topics,
+            "groups": [
+                {
+                    "group_id": "commit-v2",
+                    "member_id": None,
+                    "member_epoch": -1,
+                    "topics": fetch_topics,
+                }
+            ],
+        },
+        ApiKey.OFFSET_DELETE: {
+            "group_id": "commit-v5",
+            "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0}]}],
+        },
         ApiKey.LIST_GROUPS: {},
         ApiKey.DESCRIBE_GROUPS: {"groups": ["commit-v3"]},
         ApiKey.DELETE_GROUPS: {"groups_names": [f"commit-v{6 + version}"]},
