@@ -283,7 +283,7 @@ def section_matrix(docs: dict, lim: dict) -> list[str]:
         for c in run["cells"]:
             name, limit = limit_for(c, lim)
             rows.append([c["acks"], c["replication_factor"], c["record_size"], c["partitions"],
-                         "localcluster" if c["client"] == "own" else "confluent-kafka",
+                         client_label(c),
                          num(c["records_per_s"]), num(c["mb_per_s"], 1),
                          pct(c["mb_per_s"] / limit) + f" of {name}" if limit else "-",
                          ms(c["latency_ms"]["p50"]), ms(c["latency_ms"]["p99"]), num(c["records"]), num(c.get("stored")),
@@ -291,6 +291,24 @@ def section_matrix(docs: dict, lim: dict) -> list[str]:
         out.append(table(["acks", "RF", "bytes", "partitions", "client", "records/s", "MB/s", "of limit",
                           "p50 ms", "p99 ms", "acknowledged", "stored", "errors"], rows, "rrrrlrrlrrrrr"))  # fmt: skip
         out.append("")
+    return out
+
+
+def client_label(cell: dict) -> str:
+    name = "localcluster" if cell["client"] == "own" else "confluent-kafka"
+    return name + {True: ", idempotent", False: ", not idempotent"}.get(cell.get("idempotence"), "")
+
+
+def section_idempotence(docs: dict) -> list[str]:
+    """bench.commit's acks=all runs with and without enable.idempotence, and the ratio (issue 14)."""
+    rows = docs.get("commit", {}).get("idempotence")
+    if not rows:
+        return []
+    out = [table(["run", "records/s", "vs not idempotent", "p50 ms", "p99 ms", "broker CPU µs/record"],
+                 [[r["label"], num(r["records_per_s"]), pct(r["ratio"]), ms(r["p50_ms"]), ms(r["p99_ms"]),
+                   num(r["broker_cpu_us_per_record"], 2)] for r in rows]), ""]  # fmt: skip
+    out.append("Our client at full speed, acks=all RF 3, one run right after the other on the same brokers "
+               "and topic; goal (issue 14): the idempotent figure >= 95% of the other.\n")  # fmt: skip
     return out
 
 
@@ -371,6 +389,10 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
 
     md.append("## Commit path: replication and client transports (bench.commit)\n")
     md += section_commit(docs) or ["_bench.commit did not run._", ""]
+    idempotence = section_idempotence(docs)
+    if idempotence:
+        md.append("## Idempotent producer: acks=all with and without (bench.commit)\n")
+        md += idempotence
 
     md.append("## Produce matrix\n")
     cfg = docs.get("matrix", {}).get("config", {})
