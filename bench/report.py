@@ -312,6 +312,22 @@ def section_idempotence(docs: dict) -> list[str]:
     return out
 
 
+def section_failover_clients(fo: dict) -> list[str]:
+    """bench.failover's stall and duplicates per client, every client probing the same kills."""
+    clients = fo.get("clients")
+    if not clients:
+        return []
+    rows = [[c["label"], c["all"]["measured"], num((c["all"]["p50_s"] or 0) * 1000), num((c["all"]["p99_s"] or 0) * 1000),
+             num((c["all"]["max_s"] or 0) * 1000), c["check"]["duplicates_stored"],
+             "-" if c["check"]["duplicates_per_kill"] is None else f"{c['check']['duplicates_per_kill']:.2f}",
+             c["check"]["lost"]] for c in clients.values()]  # fmt: skip
+    return [table(["client", "kills", "stall p50 ms", "p99 ms", "max ms", "duplicates", "per kill", "lost"], rows,
+                  "lrrrrrrr"), "",
+            "Per client, both series together; all clients probe at once, so each kill is seen by each. Stall: "
+            "the kill to the client's first acknowledgement of a record the new leader appended. Duplicates: "
+            "the client's records stored twice, read back from the log.\n"]  # fmt: skip
+
+
 def section_commit(docs: dict) -> list[str]:
     """bench.commit's acks=all runs beside the transports of issue 13: replication over TCP+SASL
     and SASL_PLAINTEXT clients, each as a fraction of the Unix-socket/PLAINTEXT run."""
@@ -453,6 +469,7 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
                   "the victim also followed them, and acks=all waits for it there until the controller removes "
                   "it from their ISRs (as in Kafka); per kill, the slowest of them to acknowledge a record sent "
                   "after the kill.\n")  # fmt: skip
+        md += section_failover_clients(fo)
     else:
         md.append("_bench.failover did not run._\n")
 
