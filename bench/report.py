@@ -307,8 +307,8 @@ def section_idempotence(docs: dict) -> list[str]:
     out = [table(["run", "records/s", "vs not idempotent", "p50 ms", "p99 ms", "broker CPU µs/record"],
                  [[r["label"], num(r["records_per_s"]), pct(r["ratio"]), ms(r["p50_ms"]), ms(r["p99_ms"]),
                    num(r["broker_cpu_us_per_record"], 2)] for r in rows]), ""]  # fmt: skip
-    out.append("Our client at full speed, acks=all RF 3, one run right after the other on the same brokers "
-               "and topic; goal (issue 14): the idempotent figure >= 95% of the other.\n")  # fmt: skip
+    out.append("Our client at full speed, acks=all RF 3, on the same brokers and topic; each side two runs, in "
+               "the order with, without, without, with; goal (issue 14): the idempotent figure >= 95% of the other.\n")  # fmt: skip
     return out
 
 
