@@ -231,7 +231,7 @@ def test_recovered_producer_state_equals_the_state_rebuilt_from_the_log(brokers,
             assert summaries[p] == oracle[p], f"broker {b} partition {p}: from its snapshots"
             assert alone[p] == oracle[p], f"broker {b} partition {p}: from its log alone"
             assert set(load.producer_ids) <= set(oracle[p])
-            assert len(oracle[p]) == 3, f"broker {b} partition {p}: producers {sorted(oracle[p])}"
+            assert len(oracle[p]) >= 3, f"broker {b} partition {p}: producers {sorted(oracle[p])}"
     first = images[1][0]
     for b, ((summaries, _, ends, _), _) in images.items():
         assert ends == first[2], f"replica {b}'s log ends differ from broker 1's"
