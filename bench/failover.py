@@ -380,7 +380,8 @@ def run(
         create_topic(cluster.bootstrap, TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})
         for name in names:
             probes.append(Probe(name, cluster.bootstrap, TOPIC, PARTITIONS, args.interval_ms, settings,
-                                args.librdkafka_debug if name == "confluent" else None))  # fmt: skip
+                                {"confluent": args.librdkafka_debug,
+                                 "kafka-python": args.kafka_python_debug}.get(name)))  # fmt: skip
         for series in ("leader", "controller"):
             for i in range(kills_per_series):
                 kill = one_kill(cluster, probes, series)
@@ -426,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated probes (default all: {','.join(PROBES)})")  # fmt: skip
     parser.add_argument("--librdkafka-debug", metavar="FILE",
                         help="write confluent-kafka's debug log (metadata,broker,topic,msg) to FILE")  # fmt: skip
+    parser.add_argument("--kafka-python-debug", metavar="FILE",
+                        help="write kafka-python's DEBUG log to FILE")  # fmt: skip
     parser.add_argument("--broker-logs", metavar="DIR", help="keep the brokers' logs in DIR")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra broker setting, e.g. replica.fetch.wait.max.ms=100 (repeatable)")  # fmt: skip

@@ -17,7 +17,8 @@ Control: the parent puts "status" (the probe answers ("acked", {partition: last 
 or "stop" (it flushes and answers ("done", {"rows", "errors"})) on the probe's queue. With
 `debug_path`, librdkafka logs `debug=metadata,broker,topic,msg` there, one line per event
 prefixed by the wall-clock time it was served (poll() serves librdkafka's log queue, and the
-probe polls at least every millisecond), to line up with the brokers' logs.
+probe polls at least every millisecond), to line up with the brokers' logs; kafka-python logs
+its `kafka` loggers at DEBUG there, with the wall-clock time of each line.
 """
 
 from __future__ import annotations
@@ -184,10 +185,15 @@ def _run_confluent(
 
 
 def _run_kafka_python(
-    tag, bootstrap, topic, partitions, interval_ms, settings, control, results, _debug
+    tag, bootstrap, topic, partitions, interval_ms, settings, control, results, debug
 ):
     from kafka import KafkaProducer
 
+    if debug:  # kafka-python logs through the logging module, from its sender thread
+        handler = logging.FileHandler(debug)
+        handler.setFormatter(logging.Formatter("%(created).6f %(name)s %(message)s"))
+        logging.getLogger("kafka").addHandler(handler)
+        logging.getLogger("kafka").setLevel(logging.DEBUG)
     tally = _Tally(partitions)
     producer = KafkaProducer(bootstrap_servers=bootstrap.split(","))  # its defaults
 
