@@ -26,12 +26,16 @@ What is measured, in one run:
   `inter.broker.listener.name` BROKER and `inter.broker.unix.socket.enable=false`, measured right
   after the Unix-socket run; the brokers' "reaches broker" log lines prove the route), and
   clients over SASL_PLAINTEXT (the load on the same brokers' SASL_PLAINTEXT listener).
+- idempotence (issue 14): the acks=all full-speed row is our client with `enable.idempotence=true`
+  (its default, set explicitly so a conflicting setting is an error, not a silent fallback);
+  then the same load twice with `enable.idempotence=false` and once more with it (A B B A, so
+  neither side gains from its place in the run), and the ratio of the two sides' records/s.
 - CPU: each broker's CPU seconds from /proc/<pid>/stat over the timed window, and each load
   process's own (os.times), shown in cores (1.00 = one core busy all the time).
 
 Goals, printed with pass/miss and not asserted: >= 1,000,000 records/s at acks=all and p99 <= 5
 ms at half that rate (issue 5); replication over TCP >= 80% of the Unix-socket figure (issue
-13). Brokers, load processes and the raw chain all share this machine's cores (the table note says how many); every process started is killed by process
+13); idempotent acks=all >= 95% of non-idempotent acks=all (issue 14). Brokers, load processes and the raw chain all share this machine's cores (the table note says how many); every process started is killed by process
 group at the end and every temporary directory is removed, also on Ctrl-C/SIGTERM.
 """
 
@@ -72,6 +76,9 @@ GOAL_RECORDS_PER_S = 1_000_000
 GOAL_P99_MS = 5.0
 WARM_UP_S = 1.0  # an untimed acks=all run on each fresh cluster first (see bench/README.md)
 GOAL_TCP_RATIO = 0.8  # issue 13: replication over TCP vs the Unix sockets
+GOAL_IDEMPOTENT_RATIO = 0.95  # issue 14: enable.idempotence=true vs false, acks=all
+IDEMPOTENT = {"enable.idempotence": "true"}
+NOT_IDEMPOTENT = {"enable.idempotence": "false"}
 TOPIC = "bench-commit"
 BROKERS = (0, 1, 2)
 PERCENTILES = (50.0, 99.0, 99.9)
@@ -284,6 +291,29 @@ def transport_rows(base: dict, others: list[dict]) -> list[dict]:
     return out
 
 
+def idempotence_rows(idempotent: list[dict], not_idempotent: list[dict]) -> list[dict]:
+    """The acks=all runs with and without idempotence, each side's runs together (records over
+    seconds, the worst p50/p99, CPU per record over all of them), and the idempotent side's
+    records/s as a fraction of the other's."""
+
+    def side(runs: list[dict], label: str, flag: bool) -> dict:
+        records, seconds = sum(r["records"] for r in runs), sum(r["seconds"] for r in runs)
+        cpu = [broker_cpu_us_per_record(r) for r in runs]
+        return {"label": label, "idempotent": flag, "runs": len(runs),
+                "records_per_s": records / seconds if seconds else 0.0,
+                "runs_records_per_s": [r["records_per_s"] for r in runs],
+                "p50_ms": max(r["latency_ms"]["p50"] for r in runs),
+                "p99_ms": max(r["latency_ms"]["p99"] for r in runs),
+                "broker_cpu_us_per_record": None if None in cpu else sum(c * r["records"] for c, r in zip(cpu, runs, strict=True)) / records}  # fmt: skip
+
+    rows = [side(not_idempotent, "acks=all, enable.idempotence=false", False),
+            side(idempotent, "acks=all, enable.idempotence=true", True)]  # fmt: skip
+    base = rows[0]["records_per_s"]
+    for row in rows:
+        row["ratio"] = row["records_per_s"] / base if base else None
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.commit", description=__doc__.split("\n")[0]
@@ -346,7 +376,15 @@ def main(argv: list[str] | None = None) -> int:
         # transport runs come right after the row they are compared with.
         for on in (cluster, tcp_cluster):
             warm_up.append(pool.measure(acks="all", **(job(on) | {"seconds": WARM_UP_S})))
-        full = pool.measure(acks="all", **job(cluster))
+        full = pool.measure(acks="all", **job(cluster, client_config=IDEMPOTENT))
+        settle(cluster)
+        # Idempotence: A B B A (full, then two runs without, then one with again), so neither
+        # side gains from coming later (the first timed run of a cluster measures low).
+        plain = [pool.measure(acks="all", **job(cluster, client_config=NOT_IDEMPOTENT))]
+        settle(cluster)
+        plain.append(pool.measure(acks="all", **job(cluster, client_config=NOT_IDEMPOTENT)))
+        settle(cluster)
+        again = pool.measure(acks="all", **job(cluster, client_config=IDEMPOTENT))
         settle(cluster)
         tcp = pool.measure(acks="all", **job(tcp_cluster))
         tcp_routes = replication_routes(tcp_cluster)
@@ -357,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         sasl = pool.measure(acks="all", **job(cluster, cluster.client_bootstrap(SASL_CLIENT_LISTENER),
                                                client_config=CLIENT_SASL))  # fmt: skip
         settle(cluster)
-        half = pool.measure(acks="all", rate=full["records_per_s"] / 2, **job(cluster))
+        half = pool.measure(acks="all", rate=full["records_per_s"] / 2,
+                            **job(cluster, client_config=IDEMPOTENT))  # fmt: skip
         settle(cluster)
         acks1 = pool.measure(acks=1, **job(cluster))
         isr_after = {p: list(cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)}
@@ -369,10 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t0
 
     acks1["label"], full["label"] = "acks=1, full speed", "acks=all, full speed"
+    for i, run in enumerate(plain):
+        run["label"] = f"acks=all, full speed, enable.idempotence=false ({i + 1})"
+    again["label"] = "acks=all, full speed (again, after those)"
     tcp["label"] = "acks=all, replication over TCP+SASL"
     sasl["label"] = "acks=all, clients over SASL_PLAINTEXT"
     half["label"] = f"acks=all, {half['target_records_per_s']:,.0f}/s"
-    runs = [acks1, full, tcp, sasl, half]
+    runs = [acks1, full, *plain, again, tcp, sasl, half]
 
     def lat(run, key):
         return f"{run['latency_ms'][key]:.2f}"
@@ -397,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
               f"'load' the load processes (os.times), 'machine' every process on the box from /proc/stat, "
               f"so machine - brokers - load is other people's work); the raw "
               f"chain ran alone before the brokers started (4 processes: producer, leader, 2 followers). "
-              f"Errors: acks=1 {acks1['errors']}, all {full['errors']}, TCP {tcp['errors']}, "
+              f"Errors: acks=1 {acks1['errors']}, all {full['errors']}, not idempotent {sum(r['errors'] for r in plain)}, again {again['errors']}, TCP {tcp['errors']}, "
               f"SASL {sasl['errors']}, half {half['errors']}. ISR after: {isr_after} (TCP cluster: {tcp_isr_after})."),
     )  # fmt: skip
     transports = transport_rows(full, [tcp, sasl])
@@ -415,6 +457,20 @@ def main(argv: list[str] | None = None) -> int:
               "acknowledged record, the path's cost with less of the machine's noise than records/s."),
     )  # fmt: skip
     tcp_ratio = transports[1]["ratio"] or 0.0
+    idempotence = idempotence_rows([full, again], plain)
+    print_table(
+        "Idempotence: acks=all RF 3 at full speed, our client with and without enable.idempotence",
+        ["run", "records/s", "vs not idempotent", "p50 ms", "p99 ms", "broker CPU µs/record"],
+        [(r["label"], f"{r['records_per_s']:,.0f}", f"{r['ratio']:.1%}" if r["ratio"] else "-",
+          f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['broker_cpu_us_per_record'] or 0:.2f}")
+         for r in idempotence],
+        note=("Each side is two runs on the same brokers, topic and leaders, in the order with, without, without, "
+              "with (records over seconds of both; the worse p50 and p99). Idempotent: every batch "
+              "carries the producer id, epoch and sequence (InitProducerId before the first), the leader "
+              "checks them against the partition's producer state, and at most 5 batches per partition are "
+              "in flight."),
+    )  # fmt: skip
+    idempotent_ratio = idempotence[1]["ratio"] or 0.0
     goals = [
         {"goal": f">= {GOAL_RECORDS_PER_S:,} records/s at acks=all", "value": full["records_per_s"],
          "met": full["records_per_s"] >= GOAL_RECORDS_PER_S, "shown": f"{full['records_per_s']:,.0f}"},
@@ -437,6 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     print_goals("Goals (issue 13)", [tcp_goal], note=tcp_goal.get("note"))
     goals.append(tcp_goal)
+    idempotent_goal = {"goal": f"acks=all RF 3, idempotent >= {GOAL_IDEMPOTENT_RATIO:.0%} of not idempotent",
+                       "value": idempotent_ratio, "met": idempotent_ratio >= GOAL_IDEMPOTENT_RATIO,
+                       "shown": f"{idempotent_ratio:.1%} ({idempotence[1]['records_per_s']:,.0f} vs {idempotence[0]['records_per_s']:,.0f}/s)"}  # fmt: skip
+    print_goals("Goals (issue 14)", [idempotent_goal])
+    goals.append(idempotent_goal)
     for run in runs:
         for worker in run["workers"]:
             worker.pop("histogram", None)
@@ -445,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                    "batch_records": batch_records, "batch_bytes": len(batch), "outstanding": args.outstanding,
                    "record_value_bytes": RECORD_VALUE_BYTES, "raw_bytes": raw["bytes"], "leaders": leaders,
                    "tcp_leaders": tcp_leaders, "elapsed_s": elapsed, "load_average_before": load_before},
-        "raw_three_copy": raw, "runs": runs, "transports": transports,
+        "raw_three_copy": raw, "runs": runs, "transports": transports, "idempotence": idempotence,
         "routes": {"unix": unix_routes, "tcp": tcp_routes}, "goals": goals, "isr_after": isr_after,
         "tcp_isr_after": tcp_isr_after,
         "warm_up": [{k: w[k] for k in ("records", "records_per_s", "errors")} for w in warm_up],

@@ -7,6 +7,10 @@
   logs do not fill memory. A cell's figure: acknowledged records/s and MB/s (record value bytes)
   over the timed window, per-batch (ours) or per-record (librdkafka) latency p50/p99, and the
   partitions' end offsets afterwards (records stored, which is what acks=0 can be judged by).
+  Our client's acks=all cells run twice, idempotent (`enable.idempotence=true`, its default)
+  and then not (`false`), one after the other; the table shows the idempotent cell's records/s
+  as a fraction of the other's (issue 14's goal: >= 95%). acks 0/1 cells are not idempotent
+  (idempotence needs acks=all); librdkafka's cells run without it (bench.load's setting).
 - Curves (open loop, tmpfs): acks=all, RF 3, 100 B, 6 partitions; target rates at fractions of
   the full-speed rate of the same cell just measured (10% ... 100%), each client at its own
   maximum. Latency counts from when a batch or record was due on the schedule, so a saturated
@@ -40,6 +44,7 @@ PARTITIONS = (1, 6)
 CURVE_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 CURVE_CELL = {"acks": "all", "replication_factor": 3, "record_size": 100, "partitions": 6}
 FILESYSTEMS = {"shm": "/dev/shm", "disk": "/var/tmp"}
+GOAL_IDEMPOTENT_RATIO = 0.95
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,39 @@ def cells(scale: Scale) -> list[dict]:
     ):
         if client == "confluent" and not scale.confluent_everywhere and (rf, acks) != (3, "all"):
             continue
-        out.append({"replication_factor": rf, "partitions": partitions, "record_size": size,
-                    "acks": acks, "client": client})  # fmt: skip
+        cell = {"replication_factor": rf, "partitions": partitions, "record_size": size,
+                "acks": acks, "client": client}  # fmt: skip
+        if client == "own" and acks == "all":  # idempotent first: find_cell's curve cell
+            out += [{**cell, "idempotence": True}, {**cell, "idempotence": False}]
+        else:
+            out.append(cell)
+    return out
+
+
+def client_config(cell: dict) -> dict[str, str]:
+    """Our client's enable.idempotence as the cell says (set explicitly either way)."""
+    if "idempotence" not in cell:
+        return {}
+    return {"enable.idempotence": "true" if cell["idempotence"] else "false"}
+
+
+def idempotence_ratios(results: list[dict]) -> list[dict]:
+    """Each idempotent cell's records/s over its non-idempotent twin's, measured after it."""
+    out = []
+    for cell in results:
+        if cell.get("idempotence") is not True:
+            continue
+        same = {
+            k: cell[k]
+            for k in ("replication_factor", "partitions", "record_size", "acks", "client")
+        }
+        twin = find_cell(results, **same, idempotence=False)
+        if twin is None:
+            continue
+        base = twin["records_per_s"]
+        out.append({**same, "idempotent_records_per_s": cell["records_per_s"],
+                    "not_idempotent_records_per_s": base,
+                    "ratio": cell["records_per_s"] / base if base else None})  # fmt: skip
     return out
 
 
@@ -106,6 +142,7 @@ def measure_cell(pool: LoadPool, cluster: Cluster, topics: Topics, cell: dict, s
         result = pool.measure(client=cell["client"], bootstrap=cluster.bootstrap, topic=topic,
                               partitions=list(range(cell["partitions"])), acks=cell["acks"],
                               record_size=cell["record_size"], seconds=seconds, rate=rate,
+                              client_config=client_config(cell),
                               cpu_of={f"broker {b.broker_id}": b.pid for b in cluster.brokers.values()})  # fmt: skip
         result["stored"], result["stored_after_s"] = settled_end_offsets(
             cluster.bootstrap, topic, cell["partitions"], result["records"]
@@ -116,6 +153,8 @@ def measure_cell(pool: LoadPool, cluster: Cluster, topics: Topics, cell: dict, s
     for worker in result.pop("workers"):
         result.setdefault("load_errors", []).append(worker.get("first_error"))
     result["replication_factor"] = cell["replication_factor"]
+    if "idempotence" in cell:
+        result["idempotence"] = cell["idempotence"]
     result["topic"] = topic
     return result
 
@@ -138,6 +177,7 @@ def run_filesystem(fs: str, scale: Scale, pool: LoadPool, *, with_curves: bool, 
             out["cells"].append(result)
             say(f"  {fs} {i + 1}/{len(todo)}: {describe(cell)}: {result['records_per_s']:,.0f} records/s, "
                 f"p99 {fmt_ms(result['latency_ms']['p99'])} ms")  # fmt: skip
+        out["idempotence"] = idempotence_ratios(out["cells"])
         if with_curves:
             for client in CLIENTS:
                 out["curves"].append(
@@ -150,8 +190,9 @@ def run_filesystem(fs: str, scale: Scale, pool: LoadPool, *, with_curves: bool, 
 
 
 def describe(cell: dict) -> str:
+    idempotence = {True: " idempotent", False: " not idempotent"}.get(cell.get("idempotence"), "")
     return (f"acks={cell['acks']} RF {cell['replication_factor']} {cell['record_size']} B "
-            f"P {cell['partitions']} {cell['client']}")  # fmt: skip
+            f"P {cell['partitions']} {cell['client']}{idempotence}")  # fmt: skip
 
 
 def fmt_ms(value) -> str:
@@ -229,6 +270,13 @@ def print_results(results: dict) -> None:
                  str(c["errors"])) for c in run["cells"]]  # fmt: skip
         print_table(f"Produce matrix, logs on {fs['label']} ({fs['type']} at {fs['mount']})",
                     ["cell", "records/s", "MB/s", "p50 ms", "p99 ms", "stored", "errors"], rows)  # fmt: skip
+        ratios = run.get("idempotence") or []
+        if ratios:
+            print_table(f"Idempotent vs not, our client, acks=all, logs on {fs['label']} (goal >= {GOAL_IDEMPOTENT_RATIO:.0%})",
+                        ["cell", "idempotent/s", "not idempotent/s", "ratio", "goal"],
+                        [(describe(r), f"{r['idempotent_records_per_s']:,.0f}", f"{r['not_idempotent_records_per_s']:,.0f}",
+                          "-" if r["ratio"] is None else f"{r['ratio']:.1%}",
+                          "met" if (r["ratio"] or 0) >= GOAL_IDEMPOTENT_RATIO else "missed") for r in ratios])  # fmt: skip
         for curve in run["curves"]:
             rows = [(f"{p['fraction']:.0%}", f"{p['target_records_per_s']:,.0f}", f"{p['records_per_s']:,.0f}",
                      fmt_ms(p["latency_ms"]["p50"]), fmt_ms(p["latency_ms"]["p99"]),

@@ -283,7 +283,7 @@ def section_matrix(docs: dict, lim: dict) -> list[str]:
         for c in run["cells"]:
             name, limit = limit_for(c, lim)
             rows.append([c["acks"], c["replication_factor"], c["record_size"], c["partitions"],
-                         "localcluster" if c["client"] == "own" else "confluent-kafka",
+                         client_label(c),
                          num(c["records_per_s"]), num(c["mb_per_s"], 1),
                          pct(c["mb_per_s"] / limit) + f" of {name}" if limit else "-",
                          ms(c["latency_ms"]["p50"]), ms(c["latency_ms"]["p99"]), num(c["records"]), num(c.get("stored")),
@@ -292,6 +292,40 @@ def section_matrix(docs: dict, lim: dict) -> list[str]:
                           "p50 ms", "p99 ms", "acknowledged", "stored", "errors"], rows, "rrrrlrrlrrrrr"))  # fmt: skip
         out.append("")
     return out
+
+
+def client_label(cell: dict) -> str:
+    name = "localcluster" if cell["client"] == "own" else "confluent-kafka"
+    return name + {True: ", idempotent", False: ", not idempotent"}.get(cell.get("idempotence"), "")
+
+
+def section_idempotence(docs: dict) -> list[str]:
+    """bench.commit's acks=all runs with and without enable.idempotence, and the ratio (issue 14)."""
+    rows = docs.get("commit", {}).get("idempotence")
+    if not rows:
+        return []
+    out = [table(["run", "records/s", "vs not idempotent", "p50 ms", "p99 ms", "broker CPU µs/record"],
+                 [[r["label"], num(r["records_per_s"]), pct(r["ratio"]), ms(r["p50_ms"]), ms(r["p99_ms"]),
+                   num(r["broker_cpu_us_per_record"], 2)] for r in rows]), ""]  # fmt: skip
+    out.append("Our client at full speed, acks=all RF 3, on the same brokers and topic; each side two runs, in "
+               "the order with, without, without, with; goal (issue 14): the idempotent figure >= 95% of the other.\n")  # fmt: skip
+    return out
+
+
+def section_failover_clients(fo: dict) -> list[str]:
+    """bench.failover's stall and duplicates per client, every client probing the same kills."""
+    clients = fo.get("clients")
+    if not clients:
+        return []
+    rows = [[c["label"], c["all"]["measured"], num((c["all"]["p50_s"] or 0) * 1000), num((c["all"]["p99_s"] or 0) * 1000),
+             num((c["all"]["max_s"] or 0) * 1000), c["check"]["duplicates_stored"],
+             "-" if c["check"]["duplicates_per_kill"] is None else f"{c['check']['duplicates_per_kill']:.2f}",
+             c["check"]["lost"]] for c in clients.values()]  # fmt: skip
+    return [table(["client", "kills", "stall p50 ms", "p99 ms", "max ms", "duplicates", "per kill", "lost"], rows,
+                  "lrrrrrrr"), "",
+            "Per client, both series together; all clients probe at once, so each kill is seen by each. Stall: "
+            "the kill to the client's first acknowledgement of a record the new leader appended. Duplicates: "
+            "the client's records stored twice, read back from the log.\n"]  # fmt: skip
 
 
 def section_commit(docs: dict) -> list[str]:
@@ -371,6 +405,10 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
 
     md.append("## Commit path: replication and client transports (bench.commit)\n")
     md += section_commit(docs) or ["_bench.commit did not run._", ""]
+    idempotence = section_idempotence(docs)
+    if idempotence:
+        md.append("## Idempotent producer: acks=all with and without (bench.commit)\n")
+        md += idempotence
 
     md.append("## Produce matrix\n")
     cfg = docs.get("matrix", {}).get("config", {})
@@ -431,6 +469,7 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
                   "the victim also followed them, and acks=all waits for it there until the controller removes "
                   "it from their ISRs (as in Kafka); per kill, the slowest of them to acknowledge a record sent "
                   "after the kill.\n")  # fmt: skip
+        md += section_failover_clients(fo)
     else:
         md.append("_bench.failover did not run._\n")
 

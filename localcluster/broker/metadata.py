@@ -165,7 +165,8 @@ class ClusterMetadata:
     def _describe_from_cache(self, names: list[str] | None, allow_auto_create: bool,
                              listener: ListenerInfo) -> dict:  # fmt: skip
         cache = self.cache
-        brokers, live = self._brokers_on(listener, cache.brokers)
+        brokers, _ = self._brokers_on(listener, cache.listed_brokers())
+        live = {b for b in cache.brokers if b in {listed["node_id"] for listed in brokers}}
         topics = []
         for name in cache.topics() if names is None else names:
             partitions = cache.partitions_of(name) if legal_topic(name) else {}

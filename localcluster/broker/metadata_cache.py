@@ -5,15 +5,28 @@ API. A request from an older controller epoch than the last one applied is refus
 STALE_CONTROLLER_EPOCH and changes nothing. Until the first UpdateMetadata arrives (a broker
 just started, or no broker runs a controller), `ready` is False and Metadata falls back to
 reading the store.
+
+A broker the controller no longer lists (it died) stays in Metadata's broker list for
+DEPARTED_BROKER_LINGER_MS, never as a leader (its partitions show their new leader, or
+LEADER_NOT_AVAILABLE, and list it among the offline replicas). Why: librdkafka (2.x) destroys
+a broker handle as soon as a Metadata response leaves the broker out, and when that same
+response names the partition's new leader, the dying handle, which still holds the partition,
+hands it back to "no leader" after the migration; nothing asks for the leader again until
+librdkafka's 1 s topic scan, so acks stalled 0.7-1.0 s after a leader's kill -9 (bench.failover,
+bench/README.md). Listed a little longer, the partition moves to its new leader first and the
+dead broker's handle goes later, holding nothing.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
 from localcluster.protocol.controller_requests import MetadataBroker, UpdateMetadataRequest
+
+DEPARTED_BROKER_LINGER_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,19 +42,27 @@ class MetadataCache:
     def __init__(self):
         self.controller_id = -1
         self.controller_epoch = -1
-        self.brokers: dict[int, MetadataBroker] = {}
+        self.brokers: dict[int, MetadataBroker] = {}  # the live brokers
+        self.departed: dict[int, tuple[MetadataBroker, float]] = {}  # left the list at (ms)
         self.partitions: dict[tuple[str, int], CachedPartition] = {}
 
     @property
     def ready(self) -> bool:
         return self.controller_epoch >= 0
 
-    def update(self, request: UpdateMetadataRequest) -> int:
+    def update(self, request: UpdateMetadataRequest, now_ms: float | None = None) -> int:
         if request.controller_epoch < self.controller_epoch:
             return ErrorCode.stale_controller_epoch
+        now_ms = _monotonic_ms() if now_ms is None else now_ms
         self.controller_id = request.controller_id
         self.controller_epoch = request.controller_epoch
-        self.brokers = {b.broker_id: b for b in request.brokers}
+        brokers = {b.broker_id: b for b in request.brokers}
+        for broker_id, broker in self.brokers.items():
+            if broker_id not in brokers:
+                self.departed[broker_id] = (broker, now_ms)
+        for broker_id in brokers:
+            self.departed.pop(broker_id, None)
+        self.brokers = brokers
         self.partitions = {
             (p.topic, p.partition): CachedPartition(p.leader, p.leader_epoch, tuple(p.isr),
                                                     tuple(p.replicas), tuple(offline))
@@ -49,8 +70,21 @@ class MetadataCache:
         }  # fmt: skip
         return ErrorCode.none
 
+    def listed_brokers(self, now_ms: float | None = None) -> dict[int, MetadataBroker]:
+        """The brokers Metadata lists: the live ones and those that left less than
+        DEPARTED_BROKER_LINGER_MS ago (forgotten once that has passed)."""
+        now_ms = _monotonic_ms() if now_ms is None else now_ms
+        for broker_id, (_, since_ms) in list(self.departed.items()):
+            if now_ms - since_ms >= DEPARTED_BROKER_LINGER_MS:
+                del self.departed[broker_id]
+        return {**{b: broker for b, (broker, _) in self.departed.items()}, **self.brokers}
+
     def topics(self) -> list[str]:
         return sorted({t for t, _ in self.partitions})
 
     def partitions_of(self, topic: str) -> dict[int, CachedPartition]:
         return {p: c for (t, p), c in self.partitions.items() if t == topic}
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000

@@ -5,7 +5,9 @@ replication over TCP loopback with SASL PLAIN (no Unix socket between brokers) a
 SASL_PLAINTEXT client listener beside PLAINTEXT. A short acks=all load through the SASL listener
 with each client is acknowledged without error and every acknowledged record is stored; the
 brokers' logs show every route between them went over TCP, which is what the TCP row claims.
-The ratio rows are checked on made-up runs. Assertions are on counts and contents, never on
+The idempotence rows' load really is idempotent or not (DescribeProducers sees a new producer
+on every partition after the one, none after the other). The ratio rows are checked on
+made-up runs. Assertions are on counts and contents, never on
 speed: this box is shared.
 """
 
@@ -14,8 +16,18 @@ from __future__ import annotations
 import pytest
 
 from bench.broker import CLIENT_SASL, SASL_CLIENT_LISTENER, Cluster, end_offsets
-from bench.commit import BROKERS, TOPIC, replication_routes, start_cluster, transport_rows
+from bench.commit import (
+    BROKERS,
+    IDEMPOTENT,
+    NOT_IDEMPOTENT,
+    TOPIC,
+    idempotence_rows,
+    replication_routes,
+    start_cluster,
+    transport_rows,
+)
 from bench.load import LoadPool
+from localcluster.client import Admin
 
 PARTITIONS = 3
 
@@ -88,3 +100,39 @@ def test_transport_rows_are_ratios_to_the_first_run():
     assert rows[0]["brokers_cores"] == 1.0 and rows[1]["brokers_cores"] == 1.0
     assert rows[0]["broker_cpu_us_per_record"] == pytest.approx(1e6 / 1000)  # 2 CPU s / 2000
     assert rows[1]["broker_cpu_us_per_record"] == pytest.approx(2e6 / 1600)
+
+
+def _producers(cluster) -> dict[int, set[int]]:
+    with Admin(bootstrap_servers=cluster.bootstrap) as admin:
+        described = admin.describe_producers(TOPIC)
+    return {p: {a["producer_id"] for a in active} for p, active in described.items()}
+
+
+def test_the_idempotence_rows_load_is_idempotent_or_not_as_labelled(cluster, pool):
+    def run(config):
+        result = pool.measure(client="own", bootstrap=cluster.bootstrap, topic=TOPIC,
+                              partitions=list(range(PARTITIONS)), acks="all", record_size=100,
+                              seconds=0.3, rate=5_000, client_config=config)  # fmt: skip
+        assert result["errors"] == 0 and result["records"] > 0
+        return _producers(cluster)
+
+    before = _producers(cluster)
+    assert run(NOT_IDEMPOTENT) == before  # batches without a producer id
+    after = run(IDEMPOTENT)
+    assert all(len(after[p] - before.get(p, set())) == 1 for p in range(PARTITIONS)), (
+        before,
+        after,
+    )
+
+
+def test_idempotence_rows_pool_each_side_and_give_the_ratio():
+    with_a, with_b = (
+        _run(900.0, 1800, 2.0, [0.5, 0.5, 0.5]),
+        _run(1100.0, 2200, 2.0, [0.5, 0.5, 0.5]),
+    )
+    without = [_run(1000.0, 2000, 2.0, [0.5, 0.5, 0.5]), _run(1000.0, 2000, 2.0, [0.5, 0.5, 0.5])]
+    plain, idempotent = idempotence_rows([with_a, with_b], without)
+    assert not plain["idempotent"] and idempotent["idempotent"]
+    assert plain["records_per_s"] == 1000.0 and idempotent["records_per_s"] == 1000.0
+    assert idempotent["ratio"] == 1.0 and idempotent["runs_records_per_s"] == [900.0, 1100.0]
+    assert idempotent["broker_cpu_us_per_record"] == pytest.approx(1.5e6 / 1000)
