@@ -3,7 +3,7 @@
 Exit codes: 0 no acknowledged record was lost and no other check failed, 1 loss (or another
 durability violation: a record at another offset than acknowledged, replicas that differ
 below the HW, two leaders in one epoch, holes in the offsets) or the run itself failed,
-2 usage. Register it with `main.add_command(chaos)`.
+2 usage.
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ latency) and `perf failover` (kill -9 the leader or controller under acks=all lo
 unavailability windows; no acknowledged record lost). Each prints one summary (or `--json`:
 the result document of tools/perf.py on stdout, nothing else there). Exit codes: 0 ok,
 1 failure (records failed, lost or missing; no cluster; a wait that ran out), 2 usage.
-Register it with `main.add_command(perf)`; `python -m localcluster.tools.perf_command` runs
-it standalone.
+`python -c "from localcluster.cli.perf import perf; perf()"` runs it standalone.
 """
 
 from __future__ import annotations
@@ -267,7 +266,3 @@ def failover_command(topic, kills, aim, partition, throughput, record_size, conf
         "verdict: " + ("OK, no acknowledged record was lost" if result["lost"] == 0 else
                        f"LOST {result['lost']} acknowledged records (sequences {result['lost_sequences'][:10]})"),
     ])  # fmt: skip
-
-
-if __name__ == "__main__":
-    perf()
