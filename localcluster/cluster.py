@@ -29,6 +29,7 @@ from pathlib import Path
 
 from localcluster.broker import process as broker_process
 from localcluster.coord.kafka_zk import KafkaZkClient
+from localcluster.waiting import wait_until
 
 DEFAULT_DIR = ".localcluster"
 SPEC_FILE = "cluster.json"
@@ -575,13 +576,15 @@ def wait_registered(spec: ClusterSpec, expected: dict[int, int], timeout_s: floa
 
 
 def wait_controller(spec: ClusterSpec, grace_s: float) -> int | None:
-    deadline = time.monotonic() + grace_s
+    """The controller's id, waiting up to grace_s for one; None when none appeared."""
     with store(spec) as client:
-        while True:
+
+        def elected() -> tuple[int] | None:  # a tuple: controller 0 is falsy
             found = controller_id(client)
-            if found is not None or time.monotonic() > deadline:
-                return found
-            time.sleep(0.02)
+            return None if found is None else (found,)
+
+        found = wait_until(elected, grace_s)
+    return found[0] if found else None
 
 
 def stop_brokers(cluster_dir: Path, targets: dict[int, int], timeout_s: float = STOP_TIMEOUT_S,

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from localcluster import cluster
 from localcluster.tools import chaos_check
+from localcluster.waiting import wait_until
 
 TARGETS = ("leader", "controller", "follower", "any", "supervisor")
 FAULTS = ("kill", "stop")
@@ -408,11 +409,8 @@ class Engine:
     def restart_supervisor(self) -> None:
         process = cluster.spawn_supervisor(self.cluster_dir)
         self.children.append(process)
-        deadline = time.monotonic() + 30
-        while cluster.supervisor_pid(self.cluster_dir) != process.pid and process.poll() is None:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        wait_until(lambda: cluster.supervisor_pid(self.cluster_dir) == process.pid
+                   or process.poll() is not None, 30)  # fmt: skip
         self.supervisor_down = None
         self.cycles += 1
         self.record("restart", supervisor=process.pid)
