@@ -25,14 +25,8 @@ def scan_segment(segment):
     """(position, header) of every batch in `segment`, found by walking batchLength fields."""
     from localcluster.storage import record_batch as rb
 
-    out = []
-    position = 0
     with segment.view(0, segment.size) as data:
-        while position < segment.size:
-            header = rb.validate_batch(data, position)
-            out.append((position, header))
-            position += header.size
-    return out
+        return list(rb.iter_batches(data))
 
 
 def scan_log(log):
