@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from localcluster.cli.options import assignments
+
 
 def _csv(allowed):
     def parse(ctx, param, value):
@@ -30,12 +32,7 @@ def _csv(allowed):
 
 
 def _settings(ctx, param, values):
-    out = {}
-    for text in values:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{text!r} is not key=value")
-        out[key.strip()] = value.strip()
+    out = assignments("unclean.leader.election.enable=true")(ctx, param, values)
     if out:
         from localcluster.broker.config import BrokerConfig, ConfigError
 

@@ -52,6 +52,21 @@ def friendly(f):
     return wrapper
 
 
+def assignments(example: str):
+    """A click callback: repeated KEY=VALUE options to a dict, by broker/config.py's parser
+    (the one key=value rule); a bad one is a usage error (exit 2)."""
+
+    def parse(ctx, param, values) -> dict[str, str]:
+        from localcluster.broker.config import ConfigError, parse_assignments
+
+        try:
+            return parse_assignments(values, option="", example=example)
+        except ConfigError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return parse
+
+
 def print_json(value) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 

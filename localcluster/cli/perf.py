@@ -17,20 +17,11 @@ from pathlib import Path
 
 import click
 
+from localcluster.cli.options import assignments
 from localcluster.tools.cluster_view import console as shared_console
 from localcluster.tools.perf import CLIENTS, TARGETS, e2e, failover, produce
 
 ACKS = ("all", "-1", "1", "0")
-
-
-def _key_values(ctx, param, values) -> dict[str, str]:
-    out = {}
-    for text in values:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{text!r} is not key=value (e.g. linger.ms=10)")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def _common(command):
@@ -45,7 +36,7 @@ def _common(command):
                      help="Partitions if the topic is created (default 1)."),
         click.option("--client", type=click.Choice(CLIENTS), default="own", show_default=True,
                      help="own: localcluster's client (Unix sockets); confluent: confluent-kafka over TCP."),
-        click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=_key_values,
+        click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=assignments("linger.ms=10"),
                      help="A producer setting by Kafka's name, e.g. linger.ms=0 (repeatable; wins over --acks)."),
         click.option("--acks", type=click.Choice(ACKS), default="all", show_default=True),
     ]  # fmt: skip
@@ -227,7 +218,7 @@ def e2e_command(topic, num_records, record_size, throughput, acks, config, clien
 @click.option("--throughput", type=click.FloatRange(1, 1_000_000), default=1000, show_default=True,
               help="Records/s the acks=all producer offers.")  # fmt: skip
 @click.option("--record-size", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
-@click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=_key_values,
+@click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=assignments("linger.ms=10"),
               help="A setting of localcluster's producer (acks stays all; repeatable).")  # fmt: skip
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=None,
               help="Partitions if the topic is created (default 1).")  # fmt: skip

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from localcluster.cli.options import cluster_spec, dir_option, friendly, json_option, print_json
+from localcluster.cli.options import (
+    assignments,
+    cluster_spec,
+    dir_option,
+    friendly,
+    json_option,
+    print_json,
+)
 
 
 @click.group()
@@ -12,31 +19,20 @@ def topic() -> None:
     """Create, list, describe and delete topics."""
 
 
-def _configs(items: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r}: expected key=value, e.g. min.insync.replicas=2",
-                                     param_hint="--config")  # fmt: skip
-        out[key.strip()] = value.strip()
-    return out
-
-
 @topic.command("create")
 @click.argument("name")
 @click.option("-p", "--partitions", default=1, show_default=True, type=click.IntRange(1))
 @click.option("-r", "--replication-factor", default=1, show_default=True, type=click.IntRange(1))
-@click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
+              callback=assignments("min.insync.replicas=2"),
               help="A topic config (repeatable), e.g. min.insync.replicas=2.")  # fmt: skip
 @dir_option
 @json_option
 @friendly
-def topic_create(name, partitions, replication_factor, configs, cluster_dir, as_json):
+def topic_create(name, partitions, replication_factor, config, cluster_dir, as_json):
     """Create topic NAME and wait until every partition has a leader."""
     from localcluster.tools import cluster_admin, cluster_view
 
-    config = _configs(configs)
     directory, spec = cluster_spec(cluster_dir)
     described = cluster_admin.create_topic(spec, name, partitions, replication_factor, config)
     if as_json:
