@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.02) -> T:
     """predicate()'s first truthy value, or its last (falsy) value once timeout_s passed."""
-    assert interval_s > 0, interval_s  # a bound on the polling rate
+    assert interval_s >= 0, interval_s  # 0: a busy poll, still bounded by the deadline
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
