@@ -48,6 +48,7 @@ from bench.common import (
     write_results,
 )
 from localcluster.broker.process import BrokerProcess
+from localcluster.waiting import wait_until
 
 RECORD_VALUE_BYTES = 100
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -169,14 +170,10 @@ class Cluster:
         return self._zk
 
     def wait_until(self, predicate, timeout_s: float, what: str, poll_s: float = 0.01):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
-            time.sleep(poll_s)
+        value = wait_until(predicate, timeout_s, poll_s)
+        if not value:
+            raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
+        return value
 
     def partition_state(self, topic: str, partition: int):
         found = self.zk().partition_state(topic, partition)
@@ -207,18 +204,14 @@ def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor
     futures = admin.create_topics([NewTopic(topic, partitions, replication_factor, config=config or {})],
                                   operation_timeout=timeout_s)  # fmt: skip
     futures[topic].result(timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def led() -> bool:
         meta = admin.list_topics(topic, timeout=5).topics.get(topic)
-        if (
-            meta
-            and meta.error is None
-            and len(meta.partitions) == partitions
-            and all(p.leader >= 0 for p in meta.partitions.values())
-        ):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"topic {topic}: not every partition has a leader after {timeout_s} s")
+        return bool(meta and meta.error is None and len(meta.partitions) == partitions
+                    and all(p.leader >= 0 for p in meta.partitions.values()))  # fmt: skip
+
+    if not wait_until(led, timeout_s, 0.05):
+        raise RuntimeError(f"topic {topic}: not every partition has a leader after {timeout_s} s")
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -60,6 +60,7 @@ from bench.broker import (
 )
 from bench.common import print_note, print_table, write_results
 from bench.load import Pacer, curve, histogram, latency_summary
+from localcluster.storage.record_batch import batch_spans
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
@@ -72,10 +73,9 @@ START_DELAY_NS = 200_000_000  # from "everyone ready" to the first due time
 CONSUMER_DRAIN_S = 30.0  # after the last ack, how long the consumer may take to catch up
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 
-_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
-_BATCH_HEADER_SIZE = 61
 _CONTROL_FLAG = 0x20
 
 
@@ -178,13 +178,10 @@ def walk_batches(data, partition: int, received_ns: int, out, positions: dict[in
     records) without decoding a record; moves positions[partition] past them. A partial batch
     at the end (cut by max bytes) is left for the next fetch. Returns the batches noted."""
     view = memoryview(data)
-    size, pos, noted = len(view), 0, 0
+    noted = 0
     part, base, recv, count = out
-    while size - pos >= _BATCH_HEADER_SIZE:
-        base_offset, length = _OFFSET_AND_LENGTH.unpack_from(view, pos)
-        end = pos + 12 + length
-        if end > size:
-            break
+    for pos, _ in batch_spans(view):
+        base_offset = _INT64.unpack_from(view, pos)[0]
         next_offset = base_offset + _INT32.unpack_from(view, pos + 23)[0] + 1
         if not _INT16.unpack_from(view, pos + 21)[0] & _CONTROL_FLAG:
             part.append(partition)
@@ -194,7 +191,6 @@ def walk_batches(data, partition: int, received_ns: int, out, positions: dict[in
             noted += 1
         if next_offset > positions[partition]:
             positions[partition] = next_offset
-        pos = end
     return noted
 
 

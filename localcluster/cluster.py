@@ -4,9 +4,10 @@ What lives here is everything the CLI commands and the supervisor share, and non
 the supervisor to be alive: `<cluster-dir>/cluster.json` (ClusterSpec: broker ids, racks,
 settings, coordination spec, data dir), per-broker pid files (`broker-N/broker.pid`, written
 at spawn and rewritten by the broker itself), `broker-N/broker.log` (the broker's stdout and
-stderr), `supervisor.pid`, spawning a broker in its own session, telling a live broker from a
-stale pid file (/proc cmdline check), reading registrations, controller and partition states
-from the store, resolving `controller` / `leader:T:P` to a broker id, and stopping brokers.
+stderr), `supervisor.pid`, spawning a broker (through broker/process.py, the one spawner) or
+the supervisor in its own session, telling a live broker from a stale pid file (/proc cmdline
+check), reading registrations, controller and partition states from the store, resolving
+`controller` / `leader:T:P` to a broker id, and stopping brokers.
 
 Rules: operating faults raise ClusterError with one line saying what is wrong and what to do;
 no function here prints.
@@ -26,7 +27,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from localcluster.broker import process as broker_process
 from localcluster.coord.kafka_zk import KafkaZkClient
+from localcluster.waiting import wait_until
 
 DEFAULT_DIR = ".localcluster"
 SPEC_FILE = "cluster.json"
@@ -214,9 +217,9 @@ def supervisor_pid(cluster_dir: Path) -> int | None:
     return pid
 
 
-def broker_command(cluster_dir: Path, spec: ClusterSpec, broker_id: int) -> list[str]:
-    args = [sys.executable, "-m", "localcluster.broker", "--id", str(broker_id),
-            "--cluster-dir", str(cluster_dir), "--coordination", spec.coordination]  # fmt: skip
+def broker_settings(cluster_dir: Path, spec: ClusterSpec, broker_id: int) -> dict[str, str]:
+    """The properties a broker of this cluster runs with: its listeners, the cluster's
+    settings, SASL's, its rack and its log dir."""
     settings = {"listeners": spec.listeners(broker_id), **spec.settings}
     if spec.listener_protocol == "SASL_PLAINTEXT":
         from localcluster.tools.sasl_setup import broker_sasl_settings
@@ -227,9 +230,7 @@ def broker_command(cluster_dir: Path, spec: ClusterSpec, broker_id: int) -> list
         settings["broker.rack"] = rack
     if spec.data_dir and "log.dirs" not in settings:
         settings["log.dirs"] = str(Path(spec.data_dir) / f"broker-{broker_id}")
-    for key, value in settings.items():
-        args += ["--set", f"{key}={value}"]
-    return args
+    return settings
 
 
 def hypothesis_cache() -> str:
@@ -247,16 +248,27 @@ def child_env() -> dict[str, str]:
 
 
 def spawn_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int) -> subprocess.Popen:
-    """Start one broker in its own session (it outlives whoever started it), output appended
-    to its broker.log, pid file written at once (the broker rewrites it when ready)."""
+    """Start one broker of the cluster (broker/process.py's spawner: its own session),
+    output appended to its broker.log, pid file written at once (the broker rewrites it when
+    ready). No child_env: the broker blocks hypothesis itself."""
     directory = broker_dir(cluster_dir, broker_id)
     directory.mkdir(parents=True, exist_ok=True)
     with open(log_file(cluster_dir, broker_id), "ab") as out:
-        process = subprocess.Popen(broker_command(cluster_dir, spec, broker_id),
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True, cwd=cluster_dir, env=child_env())  # fmt: skip
+        settings = broker_settings(cluster_dir, spec, broker_id)
+        process = broker_process.spawn_broker(
+            broker_id, cluster_dir, settings, out, coordination=spec.coordination
+        )
     pid_file(cluster_dir, broker_id).write_text(f"{process.pid}\n")
     return process
+
+
+def spawn_supervisor(cluster_dir: Path) -> subprocess.Popen:
+    """Start `python -m localcluster.supervisor` for the cluster in its own session, output
+    appended to supervisor.log (it writes supervisor.pid itself)."""
+    with open(cluster_dir / SUPERVISOR_LOG, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "localcluster.supervisor", "--dir", str(cluster_dir)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=cluster_dir, env=child_env())  # fmt: skip
 
 
 def signal_name(signum: int) -> str:
@@ -564,13 +576,15 @@ def wait_registered(spec: ClusterSpec, expected: dict[int, int], timeout_s: floa
 
 
 def wait_controller(spec: ClusterSpec, grace_s: float) -> int | None:
-    deadline = time.monotonic() + grace_s
+    """The controller's id, waiting up to grace_s for one; None when none appeared."""
     with store(spec) as client:
-        while True:
+
+        def elected() -> tuple[int] | None:  # a tuple: controller 0 is falsy
             found = controller_id(client)
-            if found is not None or time.monotonic() > deadline:
-                return found
-            time.sleep(0.02)
+            return None if found is None else (found,)
+
+        found = wait_until(elected, grace_s)
+    return found[0] if found else None
 
 
 def stop_brokers(cluster_dir: Path, targets: dict[int, int], timeout_s: float = STOP_TIMEOUT_S,

@@ -5,21 +5,17 @@ Append only: several test modules (and engineers) share this file.
 
 from __future__ import annotations
 
-import time
+from localcluster import waiting
 
 # -- waiting ------------------------------------------------------------------------------------
 
 
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.002, message: str = ""):
     """Return predicate()'s first truthy value; fail (AssertionError) when the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s: {message or predicate}")
-        time.sleep(interval_s)
+    value = waiting.wait_until(predicate, timeout_s, interval_s)
+    if not value:
+        raise AssertionError(f"condition not met within {timeout_s} s: {message or predicate}")
+    return value
 
 
 # -- storage: what a log holds, read by a plain scan (the oracle for the indexes) ---------------
@@ -29,14 +25,8 @@ def scan_segment(segment):
     """(position, header) of every batch in `segment`, found by walking batchLength fields."""
     from localcluster.storage import record_batch as rb
 
-    out = []
-    position = 0
     with segment.view(0, segment.size) as data:
-        while position < segment.size:
-            header = rb.validate_batch(data, position)
-            out.append((position, header))
-            position += header.size
-    return out
+        return list(rb.iter_batches(data))
 
 
 def scan_log(log):

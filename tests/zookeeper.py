@@ -5,8 +5,8 @@ free port with its own temp data dir, stopped by pid when the session ends; when
 package is missing it tries to install it once and skips only if that fails), the
 `coord_backend` fixture parametrized over "file" and "zookeeper" (ZooKeeper is the oracle the
 file backend is held to), `processes` (starts worker scripts and kills every one by pid at the
-end), and `wait_until` (poll a condition against a deadline; the tests never sleep to
-synchronise). Registered from tests/conftest.py.
+end). Waiting on a condition is tests/helpers.py's wait_until. Registered from
+tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -28,18 +27,6 @@ from localcluster.coord.zookeeper_server import ZooKeeperServer, installation_pr
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZOOKEEPER_SESSION_TIMEOUT_MS = 2000  # the server's tickTime is 500 ms: sessions of 1..10 s
-
-
-def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.002, message: str = ""):
-    """Return predicate()'s first truthy value; fail the test if none comes before the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {message or predicate}")
-        time.sleep(interval_s)
 
 
 def _try_install_zookeeper() -> str | None:

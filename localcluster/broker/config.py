@@ -234,19 +234,30 @@ def read_properties_file(path) -> dict[str, str]:
             pending += line[:-1]
             continue
         line, pending = pending + line, ""
-        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if cut <= 0:
+        assignment = split_assignment(line, separators="=:")
+        if assignment is None:
             raise ConfigError(f"{path} line {start}: expected key=value, got {raw.strip()!r}")
-        out[line[:cut].strip()] = line[cut + 1 :].strip()
+        out[assignment[0]] = assignment[1]
     return out
 
 
-def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """`key=value` strings (from --set) to a dict; a string without '=' is a ConfigError."""
+def parse_assignments(items: list[str] | tuple[str, ...], option: str = "--set",
+                      example: str = "min.insync.replicas=2") -> dict[str, str]:  # fmt: skip
+    """`key=value` strings (repeated --set, --config, ...) to a dict, the last one winning; a
+    string without '=' or without a key is a ConfigError naming `option` and an example."""
     out = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. min.insync.replicas=2")
-        out[key.strip()] = value.strip()
+        assignment = split_assignment(item)
+        if assignment is None:
+            where = f"{option} " if option else ""
+            raise ConfigError(f"{where}{item!r}: expected key=value, e.g. {example}")
+        out[assignment[0]] = assignment[1]
     return out
+
+
+def split_assignment(text: str, separators: str = "=") -> tuple[str, str] | None:
+    """The one key=value rule: cut at the first separator, strip both sides; None when there
+    is no separator or no key. (Java's .properties also take ':', hence `separators`.)"""
+    cut = min((i for i in map(text.find, separators) if i >= 0), default=-1)
+    key = text[:cut].strip() if cut >= 0 else ""
+    return (key, text[cut + 1 :].strip()) if key else None

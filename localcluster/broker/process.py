@@ -1,10 +1,14 @@
-"""One broker as a child process: start it, wait until it is ready, stop or kill it.
+"""Starting broker processes: the one spawner, and BrokerProcess for tests and benchmarks.
 
-For tests and benchmarks that manage brokers by hand (the supervisor has its own spawning,
-with pid files and logs in the cluster dir). The broker runs as `python -m
-localcluster.broker` in its own process group; it is ready when it prints its "ready on
-host:port" line (after it registered in the store), awaited with a deadline. Its output is
-kept, bounded, for failure messages.
+`spawn_broker` is the only place a broker process starts: `python -m localcluster.broker`
+with its id, cluster dir and `--set` properties, in its own session (so it outlives whoever
+started it and a signal to its process group reaches only it), stdin closed, working in the
+cluster dir. cluster.spawn_broker (the supervisor, `start`, chaos, perf) sends its output to
+broker-N/broker.log and writes the pid file; BrokerProcess reads it from a pipe.
+
+BrokerProcess manages one broker by hand: it is ready when it prints its "ready on
+host:port" line (after it registered in the store), awaited with a deadline; its output is
+kept, bounded, for failure messages; stop is SIGTERM, kill SIGKILLs the process group.
 """
 
 from __future__ import annotations
@@ -26,11 +30,26 @@ class BrokerProcessError(RuntimeError):
     pass
 
 
+def spawn_broker(broker_id: int, cluster_dir: Path, settings: dict[str, str], output,
+                 coordination: str | None = None) -> subprocess.Popen:  # fmt: skip
+    """Start broker `broker_id` with these properties; its stdout and stderr go to `output`
+    (an open file, or subprocess.PIPE for a text pipe)."""
+    cluster_dir = Path(cluster_dir).resolve()  # the broker works there, so no relative path
+    args = [sys.executable, "-m", "localcluster.broker", "--id", str(broker_id),
+            "--cluster-dir", str(cluster_dir)]  # fmt: skip
+    if coordination is not None:
+        args += ["--coordination", coordination]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, cwd=cluster_dir)  # fmt: skip
+
+
 class BrokerProcess:
     def __init__(self, broker_id: int, cluster_dir: Path, settings: dict[str, str] | None = None,
                  data_dir: Path | None = None):  # fmt: skip
         self.broker_id = broker_id
-        self.cluster_dir = cluster_dir
+        self.cluster_dir = Path(cluster_dir).resolve()  # the broker's working dir
         data = data_dir if data_dir is not None else cluster_dir / f"data-{broker_id}"
         self.settings = {"log.dirs": str(data), **(settings or {})}
         self.process: subprocess.Popen | None = None
@@ -58,13 +77,10 @@ class BrokerProcess:
         return self.process.pid
 
     def start(self, timeout_s: float = 30.0) -> BrokerProcess:
-        args = [sys.executable, "-m", "localcluster.broker", "--id", str(self.broker_id),
-                "--cluster-dir", str(self.cluster_dir)]  # fmt: skip
-        for key, value in self.settings.items():
-            args += ["--set", f"{key}={value}"]
         self._ready.clear()
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, start_new_session=True)  # fmt: skip
+        self.process = spawn_broker(
+            self.broker_id, self.cluster_dir, self.settings, subprocess.PIPE
+        )
         threading.Thread(target=self._drain, args=(self.process,), daemon=True).start()
         if not self._ready.wait(timeout_s):
             self.kill()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from localcluster.backoff import ExponentialBackoff
 from localcluster.client.connection import BrokerConnection, KafkaError
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
@@ -38,8 +39,8 @@ log = logging.getLogger(__name__)
 FETCH_VERSION = 11
 OFFSET_FOR_LEADER_EPOCH_VERSION = 3
 LIST_OFFSETS_VERSION = 2
-BACKOFF_S = 0.05
-BACKOFF_MAX_S = 1.0
+BACKOFF_MAX_S = 1.0  # the longest the loop sleeps: a reconnect, or a wait for work
+RECONNECT_BACKOFF = ExponentialBackoff(initial_s=0.05, max_s=BACKOFF_MAX_S)
 FETCH_MAX_BYTES = 32 << 20
 PARTITION_FETCH_MAX_BYTES = 8 << 20
 CONNECTION_ERRORS = (KafkaError, ConnectionError, OSError, TimeoutError)  # incl. SASL refusals
@@ -64,7 +65,7 @@ class ReplicaFetcher:
     async def run(self) -> None:
         rm = self.manager.replica_manager
         core = rm.core
-        reconnect_backoff = BACKOFF_S
+        failures = 0  # connection attempts that failed in a row
         while core.has_fetch_session(self.leader_id):
             self.changed.clear()
             try:
@@ -73,12 +74,13 @@ class ReplicaFetcher:
                 raise
             except CONNECTION_ERRORS as e:
                 self._drop_connection()
+                failures += 1
+                backoff_s = RECONNECT_BACKOFF.backoff_s(failures)
                 log.info("fetcher for leader %d: %s; connecting again in %.2f s", self.leader_id,
-                         e or type(e).__name__, reconnect_backoff)  # fmt: skip
-                await asyncio.sleep(reconnect_backoff)
-                reconnect_backoff = min(reconnect_backoff * 2, BACKOFF_MAX_S)
+                         e or type(e).__name__, backoff_s)  # fmt: skip
+                await asyncio.sleep(backoff_s)
                 continue
-            reconnect_backoff = BACKOFF_S
+            failures = 0
             ready = core.poll_fetch_session(self.leader_id, rm.now_ms())
             rm.execute(ready)
             if not ready.requests:

@@ -43,12 +43,10 @@ from localcluster.protocol import fetch, messages
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
 from localcluster.storage.record_batch import (
-    _OFFSET_AND_LENGTH,
     COMPRESSION_NAMES,
-    LOG_OVERHEAD,
     TIMESTAMP_TYPE_MASK,
+    iter_batches,
     iter_records,
-    validate_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -116,16 +114,12 @@ def parse_records(tp: TopicPartition, data, fetch_offset: int, check_crcs: bool 
     topic, partition = tp
     view = memoryview(data)
     records: list[ConsumerRecord] = []
-    position, next_offset = 0, None
-    while len(view) - position >= LOG_OVERHEAD:
-        batch_length = _OFFSET_AND_LENGTH.unpack_from(view, position)[1]
-        end = position + LOG_OVERHEAD + batch_length
-        if end > len(view):
-            break  # a partial batch at the end of the response: fetched again next time
-        header = validate_batch(view, position, check_crc=check_crcs)
+    next_offset = None
+    # complete_only: a partial batch at the end of the response is fetched again next time.
+    for position, header in iter_batches(view, check_crc=check_crcs, complete_only=True):
+        end = position + header.size
         next_offset = header.next_offset
         if header.is_control or header.next_offset <= fetch_offset:
-            position = end
             continue
         if header.compression:
             codec = COMPRESSION_NAMES.get(header.compression, header.compression)
@@ -138,7 +132,6 @@ def parse_records(tp: TopicPartition, data, fetch_offset: int, check_crcs: bool 
             timestamp = header.max_timestamp if timestamp_type else r.timestamp
             records.append(ConsumerRecord(topic, partition, r.offset, r.key, r.value, r.headers,
                                           timestamp, timestamp_type))  # fmt: skip
-        position = end
     return records, next_offset
 
 

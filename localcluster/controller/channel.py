@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from localcluster.backoff import ExponentialBackoff
 from localcluster.client.connection import BrokerConnection, KafkaError
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
@@ -23,8 +24,7 @@ from localcluster.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 QUEUE_BOUND = 10_000
-RETRY_BACKOFF_S = 0.05
-RETRY_BACKOFF_MAX_S = 1.0
+RETRY_BACKOFF = ExponentialBackoff(initial_s=0.05, max_s=1.0)
 REQUEST_TIMEOUT_MS = 30_000
 
 OnResponse = Callable[[cr.PartitionErrors], Awaitable[None] | None]
@@ -51,7 +51,7 @@ class _BrokerQueue:
     async def _run(self) -> None:
         while True:
             request = await self.queue.get()
-            backoff = RETRY_BACKOFF_S
+            failures = 0
             while True:
                 try:
                     response = await self._send(request)
@@ -59,11 +59,12 @@ class _BrokerQueue:
                 except asyncio.CancelledError:
                     raise
                 except (KafkaError, OSError, ConnectionError, TimeoutError) as e:
+                    failures += 1
+                    backoff = RETRY_BACKOFF.backoff_s(failures)
                     log.info("controller: request %s to broker %d failed (%s); retrying in %.2f s",
                              ApiKey(request.api_key).name, self.broker_id, e, backoff)  # fmt: skip
                     self._close()
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
             if request.on_response is not None:
                 result = request.on_response(response)
                 if asyncio.iscoroutine(result):

@@ -15,7 +15,8 @@ import os
 import signal
 import socket
 import subprocess
-import time
+
+from localcluster.waiting import wait_until
 
 ZOOKEEPER_HOME = "/usr/share/zookeeper"
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"  # its manifest's Class-Path names the rest
@@ -116,15 +117,16 @@ class ZooKeeperServer:
         log.close()
 
     def _wait_ready(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def answered() -> str | None:
             if self.process.poll() is not None:
-                return False
+                return "exited"
             with contextlib.suppress(OSError):
                 if four_letter_word(self.port, host=self.host) == "imok":
-                    return True
-            time.sleep(0.05)  # polling a socket that is not listening yet
-        return False
+                    return "ready"
+            return None
+
+        # Polling a socket that is not listening yet: nothing else tells us it is.
+        return wait_until(answered, timeout_s, 0.05) == "ready"
 
     def stop(self) -> None:
         process, self.process = self.process, None

@@ -93,13 +93,10 @@ def long_poll_ms(states: Iterable[PartitionFetchState], now_ms: int, wait_max_ms
 def complete_batches(records) -> memoryview:
     """The prefix of `records` made of whole batches (a fetch may end mid-batch)."""
     view = memoryview(records)
-    position = 0
-    while position + rb.LOG_OVERHEAD <= len(view):
-        size = rb._OFFSET_AND_LENGTH.unpack_from(view, position)[1] + rb.LOG_OVERHEAD
-        if size < rb.HEADER_SIZE or position + size > len(view):
-            break
-        position += size
-    return view[:position]
+    end = 0
+    for position, size in rb.batch_spans(view):
+        end = position + size
+    return view[:end]
 
 
 def truncate_follower(hosted, offset: int, ready: Ready) -> None:

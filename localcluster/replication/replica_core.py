@@ -522,11 +522,7 @@ class ReplicaCore:
 
 def first_batch_over(records, limit: int) -> str | None:
     """message.max.bytes: the first batch larger than `limit`, described, or None."""
-    view = memoryview(records)
-    position = 0
-    while position + rb.LOG_OVERHEAD <= len(view):
-        size = rb._OFFSET_AND_LENGTH.unpack_from(view, position)[1] + rb.LOG_OVERHEAD
+    for _, size in rb.batch_spans(memoryview(records)):
         if size > limit:
             return f"batch of {size} bytes exceeds message.max.bytes={limit}"
-        position += max(size, rb.LOG_OVERHEAD)
-    return None
+    return None  # a batch cut short or malformed is the log's to refuse (CORRUPT_MESSAGE)

@@ -267,15 +267,46 @@ def validate_batch(buf, position: int = 0, *, check_crc: bool = True) -> BatchHe
     return header
 
 
-def iter_batches(
-    buf, position: int = 0, *, check_crc: bool = True
-) -> Iterator[tuple[int, BatchHeader]]:
-    """(position, header) of each valid batch from `position`; raises at the first bad one."""
+# The one walk over concatenated batches: everything that steps from batch to batch (the log's
+# appends and recovery, fetch responses in the follower and the consumer, message.max.bytes,
+# log dump, the tests' scans) goes through batch_spans, or iter_batches on top of it.
+
+
+def batch_spans(buf, position: int = 0) -> Iterator[tuple[int, int]]:
+    """(position, size) of each whole batch from `position`, by its batchLength alone.
+
+    Validates nothing else (for code that must not raise on what a peer sent: the log
+    validates at append). Ends at the first batch cut short by the end of `buf` (a fetch
+    response ends where its byte limit fell) or with a batchLength below a header's."""
     end = len(buf)
-    while position < end:
-        header = validate_batch(buf, position, check_crc=check_crc)
-        yield position, header
-        position += header.size
+    while end - position >= LOG_OVERHEAD:
+        size = _OFFSET_AND_LENGTH.unpack_from(buf, position)[1] + LOG_OVERHEAD
+        if size < HEADER_SIZE or position + size > end:
+            return
+        yield position, size
+        position += size
+
+
+def iter_batches(
+    buf, position: int = 0, *, check_crc: bool = True, complete_only: bool = False
+) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of each valid batch from `position`; raises CorruptRecordError at
+    the first bad one, a torn tail included. complete_only: a last batch cut short by the end
+    of `buf` (a fetch response) ends the walk instead; a bad whole batch still raises."""
+    stop = position
+    for start, size in batch_spans(buf, position):
+        yield start, validate_batch(buf, start, check_crc=check_crc)
+        stop = start + size
+    if stop < len(buf) and not (complete_only and _cut_short(buf, stop)):
+        validate_batch(buf, stop, check_crc=check_crc)  # raises, saying what is wrong there
+        raise AssertionError("batch_spans stopped before a valid batch")  # pragma: no cover
+
+
+def _cut_short(buf, position: int) -> bool:
+    """The bytes from `position` are the start of a batch that runs past the end of buf."""
+    available = len(buf) - position
+    return (available < LOG_OVERHEAD
+            or _OFFSET_AND_LENGTH.unpack_from(buf, position)[1] + LOG_OVERHEAD > available)  # fmt: skip
 
 
 def iter_records(batch) -> Iterator[Record]:

@@ -182,30 +182,29 @@ class LogSegment:
     def _scan(self, data_end: int) -> tuple[int, int, str | None]:
         """Validate and index batches from the start; (stop position, next offset, why it
         stopped or None). Only [0, data_end) is read: a batch running into a hole is cut."""
-        position = 0
+        stop = 0  # the end of the last good batch
         expected_offset = self.base_offset
         reason = None
+        # A walk that ends at data_end short of self.size leaves a hole: zeros, no reason needed.
         with memoryview(self._mm)[:data_end] if self._mm is not None else memoryview(b"") as mm:
-            while position < self.size:
-                try:
-                    header = rb.validate_batch(mm, position)
-                except rb.CorruptRecordError as e:
-                    reason = str(e)
-                    break
-                if header.base_offset < expected_offset:
-                    reason = (f"batch base offset {header.base_offset} is below the expected "
-                              f"{expected_offset}")  # fmt: skip
-                    break
-                if self.index.is_full:
-                    # Written under a larger log.index.size.max.bytes: grow the index rather
-                    # than cut valid batches (the segment then holds no more and rolls).
-                    self.index.max_entries *= 2
-                    self.index.make_appendable()
-                self.index.append(header.base_offset - self.base_offset, position,
-                                  header.max_timestamp)  # fmt: skip
-                expected_offset = header.next_offset
-                position += header.size
-        return position, expected_offset, reason
+            try:
+                for position, header in rb.iter_batches(mm):
+                    if header.base_offset < expected_offset:
+                        reason = (f"batch base offset {header.base_offset} is below the expected "
+                                  f"{expected_offset}")  # fmt: skip
+                        break
+                    if self.index.is_full:
+                        # Written under a larger log.index.size.max.bytes: grow the index rather
+                        # than cut valid batches (the segment then holds no more and rolls).
+                        self.index.max_entries *= 2
+                        self.index.make_appendable()
+                    self.index.append(header.base_offset - self.base_offset, position,
+                                      header.max_timestamp)  # fmt: skip
+                    expected_offset = header.next_offset
+                    stop = position + header.size
+            except rb.CorruptRecordError as e:
+                reason = str(e)
+        return stop, expected_offset, reason
 
     def _data_end(self) -> int:
         """Where the file's first hole starts (its size when it has none)."""

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from localcluster import cluster
 from localcluster.tools import chaos_check
+from localcluster.waiting import wait_until
 
 TARGETS = ("leader", "controller", "follower", "any", "supervisor")
 FAULTS = ("kill", "stop")
@@ -406,17 +407,10 @@ class Engine:
                 self.spawn(broker, "it exited while starting")
 
     def restart_supervisor(self) -> None:
-        log_path = self.cluster_dir / cluster.SUPERVISOR_LOG
-        with open(log_path, "ab") as out:
-            process = subprocess.Popen([sys.executable, "-m", "localcluster.supervisor", "--dir", str(self.cluster_dir)],
-                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                       start_new_session=True, cwd=self.cluster_dir, env=cluster.child_env())  # fmt: skip
+        process = cluster.spawn_supervisor(self.cluster_dir)
         self.children.append(process)
-        deadline = time.monotonic() + 30
-        while cluster.supervisor_pid(self.cluster_dir) != process.pid and process.poll() is None:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        wait_until(lambda: cluster.supervisor_pid(self.cluster_dir) == process.pid
+                   or process.poll() is not None, 30)  # fmt: skip
         self.supervisor_down = None
         self.cycles += 1
         self.record("restart", supervisor=process.pid)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -331,11 +329,7 @@ def launch_detached(cluster_dir: Path, spec: ClusterSpec, timeout_s: float,
     cluster is ready. Returns the controller id (None when none appeared)."""
     cluster.remove_pid_files(cluster_dir, spec)
     log_path = cluster_dir / cluster.SUPERVISOR_LOG
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "localcluster.supervisor", "--dir",
-                                    str(cluster_dir)], stdin=subprocess.DEVNULL, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                   cwd=cluster_dir, env=cluster.child_env())  # fmt: skip
+    process = cluster.spawn_supervisor(cluster_dir)
     deadline = time.monotonic() + timeout_s
 
     def supervisor_failed() -> str | None:

@@ -18,10 +18,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from localcluster.tools.cluster_view import console as shared_console
+from localcluster.waiting import wait_until
 
 console = shared_console()
 TOPIC = "demo"
@@ -68,16 +68,6 @@ def partition() -> dict:
     return quiet_json("topic", "describe", TOPIC)["partitions"][0]
 
 
-def wait_for(predicate, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    return None
-
-
 def produce(first: int, count: int) -> None:
     lines = "".join(f"record-{i}\n" for i in range(first, first + count))
     shown = f"seq -f 'record-%g' {first} {first + count - 1}"
@@ -105,7 +95,7 @@ def demo() -> None:
         console.print("[yellow]no controller is running in this build, so nobody elects a new "
                       "leader; skipping to the end[/]")  # fmt: skip
         return
-    after = wait_for(lambda: (p := partition())["leader"] not in (-1, leader) and p, 30)
+    after = wait_until(lambda: (p := partition())["leader"] not in (-1, leader) and p, 30, 0.2)
     if not after:
         raise DemoFailure(f"no new leader for {TOPIC}-0 within 30 s of killing broker {leader}")
     console.print(f"[green]new leader: broker {after['leader']} (leader epoch {after['leader_epoch']}), "
@@ -132,7 +122,7 @@ def demo() -> None:
 
     step(f"7. Restart broker {leader}: it catches up and rejoins the ISR")
     run("start", str(leader))
-    back = wait_for(lambda: leader in (p := partition())["isr"] and p, 30)
+    back = wait_until(lambda: leader in (p := partition())["isr"] and p, 30, 0.2)
     if back:
         console.print(f"[green]ISR {back['isr']} (leader {back['leader']})[/]")
     else:

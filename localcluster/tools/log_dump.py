@@ -46,6 +46,18 @@ def _producer_columns(header: rb.BatchHeader) -> tuple[str, str, str]:
     return str(header.producer_id), str(header.producer_epoch), f"{header.base_sequence}-{last}"
 
 
+def _add_batch(table: Table, mm, position: int, header: rb.BatchHeader, show_records: bool) -> None:
+    table.add_row(str(header.base_offset), str(header.last_offset), str(header.records_count),
+                  str(position), str(header.size), str(header.partition_leader_epoch),
+                  str(header.max_timestamp), rb.COMPRESSION_NAMES.get(header.compression, "?"),
+                  *_producer_columns(header))  # fmt: skip
+    if show_records and not header.compression:
+        with memoryview(mm)[position : position + header.size] as batch:
+            for record in rb.iter_records(batch):
+                table.add_row("", str(record.offset), "", "", "", "", str(record.timestamp),
+                              _show(record))  # fmt: skip
+
+
 def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) -> int:
     size = path.stat().st_size
     table = Table(title=f"{path.name} ({size} bytes on disk)", title_justify="left")
@@ -57,26 +69,15 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) 
         console.print(table)
         return 0
     with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
-        position, shown, problem = 0, 0, None
-        while position < size:
-            try:
-                header = rb.validate_batch(mm, position)
-            except rb.CorruptRecordError as e:
-                problem = e
-                break
-            if not limit or shown < limit:
-                table.add_row(str(header.base_offset), str(header.last_offset),
-                              str(header.records_count), str(position), str(header.size),
-                              str(header.partition_leader_epoch), str(header.max_timestamp),
-                              rb.COMPRESSION_NAMES.get(header.compression, "?"),
-                              *_producer_columns(header))  # fmt: skip
-                if show_records and not header.compression:
-                    with memoryview(mm)[position : position + header.size] as batch:
-                        for record in rb.iter_records(batch):
-                            table.add_row("", str(record.offset), "", "", "", "",
-                                          str(record.timestamp), _show(record))  # fmt: skip
-            shown += 1
-            position += header.size
+        position, shown, problem = 0, 0, None  # position: the end of the last good batch
+        try:
+            for start, header in rb.iter_batches(mm):
+                if not limit or shown < limit:
+                    _add_batch(table, mm, start, header, show_records)
+                shown += 1
+                position = start + header.size
+        except rb.CorruptRecordError as e:
+            problem = e
         console.print(table)
         if limit and shown > limit:
             console.print(f"... {shown - limit} more batches")

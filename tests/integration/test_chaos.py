@@ -20,7 +20,7 @@ import pytest
 from localcluster import cluster
 from localcluster.tools import chaos, chaos_check
 
-COMMAND = "from localcluster.tools.chaos_command import chaos; chaos()"
+COMMAND = "from localcluster.cli.chaos import chaos; chaos()"
 
 
 def run_chaos_command(

@@ -26,7 +26,7 @@ from localcluster.coord import (
     RolledBackError,
     RuntimeInconsistencyError,
 )
-from tests.zookeeper import wait_until
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.zookeeper
 

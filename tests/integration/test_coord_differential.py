@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from localcluster.coord import CoordinationError, ZnodeStat, connect
-from tests.zookeeper import wait_until
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.zookeeper
 NAMES = ("a", "b", "c")

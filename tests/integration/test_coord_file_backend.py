@@ -17,7 +17,7 @@ import pytest
 
 from localcluster.coord import EventType, SessionExpiredError, connect
 from localcluster.coord.file_store import ZNODE_FILE, FileStore, encode_name
-from tests.zookeeper import wait_until
+from tests.helpers import wait_until
 
 # Mutates as fast as it can, keeping invariants a checker can verify after a SIGKILL:
 # /pair/a == /pair/b == the number of /log children == /pair/a's version (one transaction).

@@ -1,8 +1,8 @@
 """`localcluster perf produce | e2e | failover` against a real three-broker cluster.
 
 One cluster serves the module (`up -n 3 --detach`, `down --purge` at the end, also on
-failure). The commands run as `python -m localcluster.tools.perf_command` (the same click
-group `localcluster perf` registers). Assertions are on the structure and sanity of the JSON
+failure). The commands run standalone, as the click group localcluster/cli/perf.py gives
+`localcluster perf`. Assertions are on the structure and sanity of the JSON
 (counts, ordered percentiles, nothing lost) and never on speed: this box is shared.
 """
 
@@ -19,11 +19,11 @@ from tests.integration.cli_cluster import Cli, detached_cluster, one_line_error
 
 TIMEOUT_S = 180
 PERCENTILES = ("p50", "p95", "p99", "p99.9", "max")
+PERF = [sys.executable, "-c", "from localcluster.cli.perf import perf; perf()"]
 
 
 def perf(*args: str, timeout_s: float = TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localcluster.tools.perf_command", *args],
-                          capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+    return subprocess.run([*PERF, *args], capture_output=True, text=True, timeout=timeout_s)
 
 
 def perf_json(cli: Cli, *args: str) -> dict:
@@ -151,7 +151,7 @@ def test_a_run_ends_in_one_line_when_its_cluster_is_purged(tmp_path, client):
     c = Cli(tmp_path / "cluster")
     try:
         c.run("up", "-n", "2", "--detach", check=True)
-        run = subprocess.Popen([sys.executable, "-m", "localcluster.tools.perf_command", "produce",
+        run = subprocess.Popen([*PERF, "produce",
                                 "--topic", "gone", "--num-records", "100000000", "--record-size",
                                 "100", "--throughput", "2000", "--client", client,
                                 "--dir", str(c.cluster_dir)],

@@ -75,7 +75,7 @@ def test_chaos_restarts_brokers_on_their_ports(running):
     c = running
     spec = cluster.load_spec(c.cluster_dir)
     result = subprocess.run(
-        [sys.executable, "-c", "from localcluster.tools.chaos_command import chaos; chaos()",
+        [sys.executable, "-c", "from localcluster.cli.chaos import chaos; chaos()",
          "--dir", str(c.cluster_dir), "--duration", "4", "--kill-every", "400", "--seed", "3"],
         capture_output=True, text=True, timeout=180)  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

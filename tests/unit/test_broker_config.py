@@ -6,7 +6,12 @@ import dataclasses
 
 import pytest
 
-from localcluster.broker.config import BrokerConfig, ConfigError, parse_assignments
+from localcluster.broker.config import (
+    BrokerConfig,
+    ConfigError,
+    parse_assignments,
+    split_assignment,
+)
 
 # Kafka's defaults (ZooKeeper era); the two one-host deviations are written down in config.py.
 KAFKA_DEFAULTS = {
@@ -160,6 +165,19 @@ def test_parse_assignments():
 def test_parse_assignments_rejects_non_assignments(item):
     with pytest.raises(ConfigError, match=r"expected key=value, e\.g\. min\.insync\.replicas=2"):
         parse_assignments([item])
+
+
+def test_parse_assignments_names_the_option_and_an_example():
+    with pytest.raises(ConfigError, match=r"^--config 'x': expected key=value, e\.g\. a=1$"):
+        parse_assignments(["x"], option="--config", example="a=1")
+    with pytest.raises(ConfigError, match=r"^'x': expected"):
+        parse_assignments(["x"], option="")
+
+
+def test_split_assignment_cuts_at_the_first_separator():
+    assert split_assignment(" a = b=c ") == ("a", "b=c")
+    assert split_assignment("a:b=c", separators="=:") == ("a", "b=c")  # Java: ':' first here
+    assert split_assignment("a:b") is None and split_assignment(" = b") is None
 
 
 def test_parse_assignments_feeds_from_properties():

@@ -229,6 +229,35 @@ def test_iter_batches_raises_at_a_torn_tail():
         next(it)
 
 
+def test_complete_only_ends_at_a_cut_short_batch_but_raises_at_a_bad_whole_one():
+    one, two = encode_batch([Record(b"x")]), encode_batch([Record(b"y")])
+    for cut in (5, 30, len(two) - 1):  # under 12 bytes, inside the header, inside the records
+        assert [p for p, _ in iter_batches(one + two[:cut], complete_only=True)] == [0]
+    bad_crc = bytearray(two)
+    bad_crc[-1] ^= 0xFF
+    walk = iter_batches(one + bytes(bad_crc), complete_only=True)
+    assert next(walk)[0] == 0
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        next(walk)
+    too_short = bytearray(two)
+    struct.pack_into(">i", too_short, 8, 10)  # a batchLength below the header's
+    with pytest.raises(CorruptRecordError, match="below"):
+        list(iter_batches(one + bytes(too_short), complete_only=True))
+
+
+def test_batch_spans_read_lengths_only_and_stop_at_what_is_not_a_whole_batch():
+    one, two = encode_batch([Record(b"x")]), encode_batch([Record(b"y" * 50)])
+    bad_crc = bytearray(two)
+    bad_crc[-1] ^= 0xFF  # not checked: the log validates at append
+    data = one + bytes(bad_crc)
+    assert list(rb.batch_spans(data)) == [(0, len(one)), (len(one), len(two))]
+    assert list(rb.batch_spans(data + two[:20])) == list(rb.batch_spans(data))
+    too_short = bytearray(two)
+    struct.pack_into(">i", too_short, 8, 10)
+    assert list(rb.batch_spans(one + bytes(too_short) + two)) == [(0, len(one))]
+    assert list(rb.batch_spans(b"")) == []
+
+
 def test_compressed_batch_is_validated_but_not_decoded():
     payload = b"\x01\x02compressed bytes"
     data = rb.encode_raw_batch(payload, 4, BatchSpec(attributes=2, base_timestamp=5),

@@ -3,7 +3,7 @@
 Exit codes: 0 no acknowledged record was lost and no other check failed, 1 loss (or another
 durability violation: a record at another offset than acknowledged, replicas that differ
 below the HW, two leaders in one epoch, holes in the offsets) or the run itself failed,
-2 usage. Register it with `main.add_command(chaos)`.
+2 usage.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import click
+
+from localcluster.cli.options import assignments
 
 
 def _csv(allowed):
@@ -30,12 +32,7 @@ def _csv(allowed):
 
 
 def _settings(ctx, param, values):
-    out = {}
-    for text in values:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{text!r} is not key=value")
-        out[key.strip()] = value.strip()
+    out = assignments("unclean.leader.election.enable=true")(ctx, param, values)
     if out:
         from localcluster.broker.config import BrokerConfig, ConfigError
 

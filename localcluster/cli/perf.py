@@ -5,8 +5,7 @@ latency) and `perf failover` (kill -9 the leader or controller under acks=all lo
 unavailability windows; no acknowledged record lost). Each prints one summary (or `--json`:
 the result document of tools/perf.py on stdout, nothing else there). Exit codes: 0 ok,
 1 failure (records failed, lost or missing; no cluster; a wait that ran out), 2 usage.
-Register it with `main.add_command(perf)`; `python -m localcluster.tools.perf_command` runs
-it standalone.
+`python -c "from localcluster.cli.perf import perf; perf()"` runs it standalone.
 """
 
 from __future__ import annotations
@@ -18,20 +17,11 @@ from pathlib import Path
 
 import click
 
+from localcluster.cli.options import assignments
 from localcluster.tools.cluster_view import console as shared_console
 from localcluster.tools.perf import CLIENTS, TARGETS, e2e, failover, produce
 
 ACKS = ("all", "-1", "1", "0")
-
-
-def _key_values(ctx, param, values) -> dict[str, str]:
-    out = {}
-    for text in values:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{text!r} is not key=value (e.g. linger.ms=10)")
-        out[key.strip()] = value.strip()
-    return out
 
 
 def _common(command):
@@ -46,7 +36,7 @@ def _common(command):
                      help="Partitions if the topic is created (default 1)."),
         click.option("--client", type=click.Choice(CLIENTS), default="own", show_default=True,
                      help="own: localcluster's client (Unix sockets); confluent: confluent-kafka over TCP."),
-        click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=_key_values,
+        click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=assignments("linger.ms=10"),
                      help="A producer setting by Kafka's name, e.g. linger.ms=0 (repeatable; wins over --acks)."),
         click.option("--acks", type=click.Choice(ACKS), default="all", show_default=True),
     ]  # fmt: skip
@@ -228,7 +218,7 @@ def e2e_command(topic, num_records, record_size, throughput, acks, config, clien
 @click.option("--throughput", type=click.FloatRange(1, 1_000_000), default=1000, show_default=True,
               help="Records/s the acks=all producer offers.")  # fmt: skip
 @click.option("--record-size", type=click.IntRange(0, 1_000_000), default=100, show_default=True)
-@click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=_key_values,
+@click.option("--producer-config", "config", multiple=True, metavar="KEY=VALUE", callback=assignments("linger.ms=10"),
               help="A setting of localcluster's producer (acks stays all; repeatable).")  # fmt: skip
 @click.option("--partitions", type=click.IntRange(1, 10_000), default=None,
               help="Partitions if the topic is created (default 1).")  # fmt: skip
@@ -267,7 +257,3 @@ def failover_command(topic, kills, aim, partition, throughput, record_size, conf
         "verdict: " + ("OK, no acknowledged record was lost" if result["lost"] == 0 else
                        f"LOST {result['lost']} acknowledged records (sequences {result['lost_sequences'][:10]})"),
     ])  # fmt: skip
-
-
-if __name__ == "__main__":
-    perf()
