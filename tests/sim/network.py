@@ -18,26 +18,10 @@ from tests.sim.clock import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionStateMsg:
-    topic: str
-    partition: int
-    leader: int
-    leader_epoch: int
-    isr: tuple[int, ...]
-    zk_version: int
-    replicas: tuple[int, ...]
-    controller_epoch: int = -1  # of the controller that wrote this state (-1: not said)
-
-    @property
-    def tp(self):
-        return self.topic, self.partition
-
-
-@dataclass(frozen=True, slots=True)
 class LeaderAndIsr:
     corr: int
     controller_epoch: int
-    partitions: tuple[PartitionStateMsg, ...]
+    partitions: tuple  # protocol.controller_requests.PartitionState, as the controller sent them
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +95,7 @@ class ListOffsetsResponse:
 class Produce:
     corr: int
     tp: tuple[str, int]
-    values: tuple[bytes, ...]
+    records: bytes  # one RecordBatch v2, as a client sends it
     acks: int
     timeout_ms: int
 

@@ -38,6 +38,8 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.controller.assignment import assign_replicas_to_brokers
 from localcluster.metadata_types import LeaderAndIsr
+from localcluster.protocol.controller_requests import PartitionState
+from localcluster.storage import Record, encode_batch
 from tests.sim import network as m
 from tests.sim.broker import BrokerHost, SimConfig
 from tests.sim.clock import ManualClock, Scheduler
@@ -109,7 +111,7 @@ class Client:
     def __init__(self, sim: Simulator):
         self.sim = sim
         self.corr = 0
-        self.inflight: dict[int, m.Produce] = {}
+        self.inflight: dict[int, tuple[m.Produce, tuple[bytes, ...]]] = {}
         self.produced = 0
 
     def produce(self, tp, values: tuple[bytes, ...], acks: int, timeout_ms: int = 400) -> bool:
@@ -117,8 +119,8 @@ class Client:
         if state is None or state[0].leader < 0:
             return False
         self.corr += 1
-        msg = m.Produce(self.corr, tp, values, acks, timeout_ms)
-        self.inflight[self.corr] = msg
+        msg = m.Produce(self.corr, tp, encode_batch([Record(v) for v in values]), acks, timeout_ms)
+        self.inflight[self.corr] = msg, values
         self.produced += len(values)
         self.sim.network.send("client", state[0].leader, msg)
         # A lost request or answer: give up on it after its timeout (the producer's
@@ -127,12 +129,13 @@ class Client:
         return True
 
     def receive(self, src, msg) -> bool:
-        request = self.inflight.pop(msg.corr, None)
-        if request is None:
+        found = self.inflight.pop(msg.corr, None)
+        if found is None:
             return True
-        names = ",".join(v.decode() for v in request.values)
+        request, values = found
+        names = ",".join(v.decode() for v in values)
         if msg.error == ErrorCode.none and request.acks == -1:
-            for i, value in enumerate(request.values):
+            for i, value in enumerate(values):
                 self.sim.checker.on_ack(msg.tp, msg.base_offset + i, value)
             self.sim.trace(
                 f"client: acked {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}"
@@ -602,23 +605,21 @@ class ScenarioRunner:
         replicas = zk.assignments[tp_]
         leader, epoch, isr = int(opts["leader"]), int(opts["epoch"]), _ids(opts["isr"])
         found = zk.states.get(tp_)
-        if found is None or (found[0].leader, found[0].leader_epoch, found[0].isr) != (
-            leader,
-            epoch,
-            isr,
-        ):
-            version = zk.update_partition_state(tp_, LeaderAndIsr(leader, epoch, isr, 1),
-                                                found[1] if found else -1, zk.controller_epoch)  # fmt: skip
+        state = LeaderAndIsr(leader, epoch, isr, 1)
+        if found is None:
+            version = zk.create_partition_state(tp_, state, zk.controller_epoch)
+        elif (found[0].leader, found[0].leader_epoch, found[0].isr) != (leader, epoch, isr):
+            version = zk.update_partition_state(tp_, state, found[1], zk.controller_epoch)
         else:
             version = found[1]
         to = _ids(opts["to"]) if "to" in opts else replicas
         self._corr += 1
-        state = m.PartitionStateMsg(tp_[0], tp_[1], leader, epoch, isr, version, replicas)
+        partition = PartitionState(tp_[0], tp_[1], 1, leader, epoch, isr, version, replicas)
         self.sim.trace(f"elect {tp}: leader b{leader} epoch {epoch} isr {list(isr)} (v{version}), "
                        f"sent to {[f'b{b}' for b in to]}")  # fmt: skip
         for b in to:
             self.sim.network.send(
-                "controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (state,))
+                "controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (partition,))
             )
 
     def do_produce(self, tp: str, values: str, *args: str) -> None:
