@@ -10,9 +10,11 @@
 - acked-duplicated: no acknowledged record is twice below the HW of a leader that has taken
   up the recorded leadership (a retried batch written again: what idempotence prevents).
   acked-duplicated-after-epoch-bump: the second copy carries a higher producer epoch. Kafka's
-  idempotent producer does this on purpose: a broker that lost the batch's metadata (a
-  restart: its snapshot keeps only each producer's last batch) answers a retry
-  OUT_OF_ORDER_SEQUENCE_NUMBER, and the client bumps its epoch and sends it again (KIP-360).
+  idempotent producer (KIP-360) does this by design: on a sequence gap it cannot explain (a
+  broker that took a later batch as a new producer's first, or lost a batch's metadata in a
+  restart: its snapshot keeps each producer's last batch only) or a batch failed for good,
+  the client bumps its epoch and sends its unresolved batches again from sequence 0, and the
+  broker cannot tell them from new ones.
 - hw-backwards: while a broker leads a partition in one epoch its HW never decreases
   (hw-backwards-after-restart: the broker restarted and was given the same epoch again).
 - log-offsets: log_start_offset <= HW <= log_end_offset, and the Partition's offsets are the
@@ -131,7 +133,7 @@ class InvariantChecker:
         # Kinds traced instead of failing the run (known issues, reproduced by a scenario).
         self.tolerated: set[str] = set()
         self.tolerated_seen: list[Violation] = []
-        self._known_seen: set[tuple[str, str]] = set()
+        self._known_seen: set[tuple] = set()
 
     def _generation(self, broker_id: int) -> int:
         return self.sim.hosts[broker_id].generation
@@ -144,12 +146,13 @@ class InvariantChecker:
             self.collect.append(violation)
             self.sim.trace(f"VIOLATION {violation}")
 
-    def known(self, kind: str, message: str) -> None:
-        """A violation of a known issue: traced if tolerated (once per value), else failed."""
+    def known(self, kind: str, message: str, key=None) -> None:
+        """A violation of a known issue: traced if tolerated (once per key), else failed."""
+        key = (kind, message if key is None else key)
         if kind not in self.tolerated:
             self.fail(kind, message)
-        elif (kind, message) not in self._known_seen:
-            self._known_seen.add((kind, message))
+        elif key not in self._known_seen:
+            self._known_seen.add(key)
             self.tolerated_seen.append(Violation(kind, message))
             self.sim.trace(f"KNOWN ISSUE {kind}: {message}")
 
@@ -303,7 +306,7 @@ class InvariantChecker:
                        f"log at offsets {first} (producer epoch {first_epoch}) and {offset} "
                        f"(epoch {epoch}), below the hw {hw}")  # fmt: skip
             if bumped:
-                self.known("acked-duplicated-after-epoch-bump", message)
+                self.known("acked-duplicated-after-epoch-bump", message, (tp, value))
             else:
                 self.fail("acked-duplicated", message)
 
