@@ -318,10 +318,7 @@ class ClusterMetadata:
         leader was fenced (a new epoch or leader is in the store)."""
         tp = (update.topic, update.partition)
         found = self.zk.partition_state(*tp)
-        controller_epoch = found[0].controller_epoch if found else 0
-        state = LeaderAndIsr(
-            update.leader, update.leader_epoch, tuple(update.isr), controller_epoch
-        )
+        state = update.state(found[0].controller_epoch if found else 0)
         try:
             version = self.zk.update_isr_from_leader(tp, state, update.zk_version)
         except Exception as e:
@@ -331,12 +328,4 @@ class ClusterMetadata:
             version = None
         if version is not None:
             return True, version
-        found = self.zk.partition_state(*tp)
-        if found is None:
-            return False, None
-        current, version = found
-        if current == state:
-            return True, version  # it landed: our answer was lost on the way back
-        if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
-            return False, version  # only the version moved: retry with it
-        return False, None
+        return update.outcome(self.zk.partition_state(*tp))
