@@ -20,7 +20,12 @@ from localcluster.broker.log_manager import LogManager
 from localcluster.replication import errors
 from localcluster.replication import ready as r
 from localcluster.replication.partition import IsrUpdate
-from localcluster.replication.replica_core import HostedReplica, ReplicaConfig, ReplicaCore
+from localcluster.replication.replica_core import (
+    HostedReplica,
+    ReplicaConfig,
+    ReplicaCore,
+    TopicSettings,
+)
 from localcluster.storage import (
     CorruptRecordError,
     LogDirectoryFullError,
@@ -28,6 +33,7 @@ from localcluster.storage import (
     RecordBatchTooLargeError,
 )
 from localcluster.storage.producer_state import DuplicateBatch, RejectedAppend
+from localcluster.topic_config import TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -165,18 +171,21 @@ class ReplicaHost:
     # -- LeaderAndIsr and StopReplica ------------------------------------------------------------
 
     def lead_or_follow(self, controller_epoch: int, partition_states: Iterable,
-                       topic_configs: Mapping[str, Mapping[str, str]] | None = None) -> r.LeaderAndIsrResult:  # fmt: skip
-        """Open the logs the request starts hosting (with their topics' configs), then the
-        core's step; per-topic min.insync.replicas overrides come from those configs."""
+                       topic_configs: Mapping[str, TopicConfig] | None = None) -> r.LeaderAndIsrResult:  # fmt: skip
+        """Open the logs the request starts hosting (with their topics' configs; a log opened
+        at start-up gets its topic's config here), then the core's step with each topic's
+        min.insync.replicas and max.message.bytes."""
         configs = topic_configs or {}
         states = tuple(partition_states)
         for tp in self.core.missing_logs(controller_epoch, states):
             self.core.add_log(tp, self.log_manager.get_or_create(tp, configs.get(tp[0])))
-        default = self.core.config.min_insync_replicas
-        min_isr = {topic: int(config.get("min.insync.replicas", default))
-                   for topic, config in configs.items() if config}  # fmt: skip
+        for state in states:
+            if state.topic in configs:
+                self.log_manager.configure((state.topic, state.partition), configs[state.topic])
+        settings = {topic: TopicSettings(c.min_insync_replicas, c.max_message_bytes)
+                    for topic, c in configs.items()}  # fmt: skip
         ready = self.core.become_leader_or_follower(controller_epoch, states, self.now_ms(),
-                                                    min_isr)  # fmt: skip
+                                                    settings)  # fmt: skip
         self.execute(ready)
         return ready.response
 

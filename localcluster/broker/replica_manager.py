@@ -39,6 +39,7 @@ from localcluster.replication import ready as r
 from localcluster.replication.partition import IsrUpdate
 from localcluster.replication.replica_core import ReplicaConfig, fetch_answerable
 from localcluster.storage import LogConfig
+from localcluster.topic_config import TopicConfig, resolve_broker_defaults
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def replica_config(config: BrokerConfig) -> ReplicaConfig:
 class ReplicaManager(ReplicaHost):
     def __init__(self, config: BrokerConfig, data_dir: Path, checkpoint_dir: Path):
         self.config = config
+        self.broker_topic_defaults = resolve_broker_defaults(config)
         self.data_dir = data_dir
         self.checkpoint_dir = checkpoint_dir
         super().__init__(config.broker_id, replica_config(config),
@@ -94,17 +96,14 @@ class ReplicaManager(ReplicaHost):
 
     # -- startup and shutdown -----------------------------------------------------------------
 
-    def log_config(self, overrides: dict[str, str] | None = None) -> LogConfig:
-        c = self.config
-        values = {"segment_bytes": c.log_segment_bytes,
-                  "segment_index_bytes": c.log_index_size_max_bytes,
-                  "retention_bytes": c.log_retention_bytes, "retention_ms": c.log_retention_ms}  # fmt: skip
-        names = {"segment.bytes": "segment_bytes", "retention.bytes": "retention_bytes",
-                 "retention.ms": "retention_ms"}  # fmt: skip
-        for key, value in (overrides or {}).items():
-            if key in names:
-                values[names[key]] = int(value)
-        return LogConfig(**values)
+    def log_config(self, config: TopicConfig | None = None) -> LogConfig:
+        """A log's settings from its topic's config (None: the broker's defaults). Time and
+        size retention apply only when cleanup.policy holds delete, as in Kafka."""
+        c = config or self.broker_topic_defaults
+        return LogConfig(segment_bytes=c.segment_bytes,
+                         segment_index_bytes=self.config.log_index_size_max_bytes,
+                         retention_bytes=c.retention_bytes if c.deletes else -1,
+                         retention_ms=c.retention_ms if c.deletes else -1)  # fmt: skip
 
     def publish_replicas(self) -> None:
         """Put every hosted replica's offsets on the metrics board (for `status`)."""
@@ -138,7 +137,7 @@ class ReplicaManager(ReplicaHost):
     # -- LeaderAndIsr and StopReplica --------------------------------------------------------
 
     def become_leader_or_follower(self, request: LeaderAndIsrRequest,
-                                  topic_configs: dict[str, dict[str, str]] | None = None) -> PartitionErrors:  # fmt: skip
+                                  topic_configs: dict[str, TopicConfig] | None = None) -> PartitionErrors:  # fmt: skip
         return self._partition_errors(self.lead_or_follow(request.controller_epoch,
                                                           request.partitions, topic_configs))  # fmt: skip
 
