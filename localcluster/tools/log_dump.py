@@ -70,11 +70,8 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) 
                               str(header.partition_leader_epoch), str(header.max_timestamp),
                               rb.COMPRESSION_NAMES.get(header.compression, "?"),
                               *_producer_columns(header))  # fmt: skip
-                if show_records and not header.compression:
-                    with memoryview(mm)[position : position + header.size] as batch:
-                        for record in rb.iter_records(batch):
-                            table.add_row("", str(record.offset), "", "", "", "",
-                                          str(record.timestamp), _show(record))  # fmt: skip
+                if show_records:
+                    _add_records(table, mm, position, header)
             shown += 1
             position += header.size
         console.print(table)
@@ -90,6 +87,19 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) 
                               f"would cut the {size - position} bytes from there[/red]")  # fmt: skip
                 return 1
     return 0
+
+
+def _add_records(table: Table, mm, position: int, header: rb.BatchHeader) -> None:
+    """One row per record of the batch (decompressed if need be); a batch whose records do not
+    decode gets one row saying why, and the dump goes on."""
+    with memoryview(mm)[position : position + header.size] as batch:
+        try:
+            records = list(rb.iter_records(batch))
+        except rb.CorruptRecordError as e:
+            table.add_row("", "", "", "", "", "", "", f"[red]records unreadable: {e}[/red]")
+            return
+    for record in records:
+        table.add_row("", str(record.offset), "", "", "", "", str(record.timestamp), _show(record))
 
 
 def _show(record: rb.Record) -> str:
