@@ -28,7 +28,7 @@ the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
   answers the fetch and the produce at about the same moment), so e2e is not >= produce per
   batch; both count from the due time, so a stall of the load generator is in both.
 
-Sends are paced by bench.load.Pacer, a thread sleeping with nanosleep, not by event-loop timers (1 ms resolution;
+Sends are paced by the load engine's Pacer (localcluster/tools/load.py), a thread sleeping with nanosleep, not by event-loop timers (1 ms resolution;
 uvloop's fire up to 1 ms early): a batch is never sent before it is due, and its delay from the
 due time to the `send_batch` call (pacing, the outstanding limit, CPU starvation of the
 producer) is reported as `send_delay_ms`; both latencies include it.
@@ -60,7 +60,7 @@ from bench.broker import (
     spawn_context,
 )
 from bench.common import print_note, print_table, write_results
-from bench.load import Pacer, curve, histogram, latency_summary
+from localcluster.tools.load import Pacer, curve, histogram, latency_summary
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
