@@ -278,19 +278,20 @@ CLUSTER_GONE_AFTER_S = 5.0  # no broker of the cluster alive this long: the run 
 
 
 class ClusterWatch:
-    """Notices that the cluster a run drives went away (`down`, `down --purge`, every broker
-    dead): a perf run must end with one line then, not wait out a delivery timeout."""
+    """Notices that the cluster a run drives went away (`down`, `down --purge`, its dir
+    deleted, every broker dead): a perf or chaos run must end with one line then, not wait out
+    a delivery timeout. `problem()` reads only the spec file and the pid files: call it often."""
 
-    def __init__(self, target: Target):
-        self.target = target
+    def __init__(self, cluster_dir: Path, spec: cluster.ClusterSpec):
+        self.cluster_dir, self.spec = cluster_dir, spec
         self.since_alive = time.monotonic()
 
     def problem(self) -> str | None:
-        directory = self.target.cluster_dir
+        directory = self.cluster_dir
         if not cluster.spec_path(directory).exists():
             return (f"the cluster in {directory} is gone (its {cluster.SPEC_FILE} was removed, "
                     "e.g. by `localcluster down --purge`); stopping")  # fmt: skip
-        if cluster.live_brokers(directory, self.target.spec):
+        if cluster.live_brokers(directory, self.spec):
             self.since_alive = time.monotonic()
         elif time.monotonic() - self.since_alive > CLUSTER_GONE_AFTER_S:
             return (f"no broker of the cluster in {directory} has run for "
@@ -307,7 +308,7 @@ async def drive(
         task = asyncio.ensure_future(run_own(load, target, config))
     else:
         task = asyncio.ensure_future(asyncio.to_thread(run_confluent, load, target, config))
-    watch = ClusterWatch(target)
+    watch = ClusterWatch(target.cluster_dir, target.spec)
     try:
         while not task.done():
             if progress is not None:
@@ -394,7 +395,7 @@ def produce(cluster_dir: Path | str | None, topic: str, num_records: int, record
     settings = producer_config(client, acks, config)
     target = open_target(cluster_dir)
     infos = _run(ensure_topic(target, topic, partitions, replication_factor))
-    watch = ClusterWatch(target)
+    watch = ClusterWatch(target.cluster_dir, target.spec)
 
     def give_up() -> None:
         problem = watch.problem()
