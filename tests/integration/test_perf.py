@@ -59,7 +59,7 @@ def test_produce_own_client(cli):
     check_latency(r["latency_ms"], 3000)
     # the benchmarks' engine: two processes of 1500 records each, in batches of up to 595
     assert r["batch_records"] == batch_records_for(100) == 595 and r["load_processes"] == 2
-    assert r["client_cpu_cores"] > 0 and r["client_bound"] in (True, False)
+    assert r["client_cpu_cores"] >= 0 and r["client_bound"] in (True, False)  # 10 ms CPU ticks
 
 
 def test_produce_confluent_acks_1_existing_topic(cli):
