@@ -12,13 +12,16 @@ latest, would skip the records the test produced before the group existed).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
 
 from localcluster.client import Admin
+from localcluster.group import partition_for
 from tests.brokers import BrokerProcess
 from tests.helpers import wait_until
 
@@ -198,6 +201,16 @@ def test_admin_client_lists_describes_alters_and_deletes_groups(cluster):
         [ConsumerGroupTopicPartitions("audit", [TopicPartition(topic, 0, 0)])])["audit"].result(20)  # fmt: skip
     offsets = admin.list_consumer_group_offsets(request)["audit"].result(20)
     assert {tp.partition: tp.offset for tp in offsets.topic_partitions}[0] == 0
+    # the commits are records of __consumer_offsets in Kafka's layouts, on the coordinator
+    coordinator = next(b for b in cluster if b.broker_id == described.coordinator.id)
+    directory = coordinator.data_dir / f"__consumer_offsets-{partition_for('audit', 50)}"
+    dump = subprocess.run([sys.executable, "-m", "localcluster", "log", "dump", "--records",
+                           str(directory)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "400"})  # fmt: skip
+    assert dump.returncode == 0, dump.stderr
+    words = dump.stdout.split()  # a long record wraps inside its table cell
+    assert "offset_commit" in words and "group_metadata" in words, dump.stdout
+    assert "group='audit'" in words and f"topic='{topic}'" in words, dump.stdout
     admin.delete_consumer_groups(["audit"])["audit"].result(20)
     assert "audit" not in {g.group_id for g in admin.list_consumer_groups().result(20).valid}
 
