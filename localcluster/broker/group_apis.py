@@ -82,13 +82,17 @@ class GroupApis:
         }
 
     def _shard(self, group_id: str) -> GroupCoordinatorShard:
-        """The shard owning `group_id` here, or one that is not loaded and so answers
-        NOT_COORDINATOR (or INVALID_GROUP_ID) by the same rules."""
+        """The shard owning `group_id` here, or a stand-in that answers by the same rules:
+        NOT_COORDINATOR (or INVALID_GROUP_ID), COORDINATOR_LOAD_IN_PROGRESS while this broker
+        leads offsets partitions it has not counted yet."""
         shard = self.coordinator.shard_for(group_id)
         if shard is not None:
             return shard
         n = self.coordinator.num_partitions or 1
-        return GroupCoordinatorShard(partition_for(group_id, n), n)
+        placeholder = GroupCoordinatorShard(partition_for(group_id, n), n)
+        if self.coordinator.loading_before_count:
+            placeholder.begin_loading()  # answers COORDINATOR_LOAD_IN_PROGRESS
+        return placeholder
 
     async def _ask(self, group_id: str, request):
         return await self.coordinator.handle(self._shard(group_id), request)

@@ -70,29 +70,43 @@ class GroupCoordinator:
         led = {tp[1]: hosted.state.leader_epoch
                for tp, hosted in self.replica_manager.partitions.items()
                if tp[0] == OFFSETS_TOPIC and hosted.state.is_leader}  # fmt: skip
-        for partition in list(self.shards):
+        for partition in set(self.shards) | set(self._loads):
             if partition not in led:
                 self._unload(partition)
         for partition, epoch in led.items():
             shard = self.shards.get(partition)
             if shard is None and partition not in self._loads:
+                if self.num_partitions is not None:  # loading from now on, as Kafka marks it
+                    self._begin_loading(partition, epoch)
                 task = asyncio.get_running_loop().create_task(self._load(partition, epoch))
                 self._loads[partition] = task
                 task.add_done_callback(lambda _t, p=partition: self._loads.pop(p, None))
             elif shard is not None and epoch > shard.coordinator_epoch:
                 shard.coordinator_epoch = epoch  # re-elected here: the state is still ours
 
+    @property
+    def loading_before_count(self) -> bool:
+        """Offsets partitions are led here but their count is not read yet: every group
+        request is answered COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+        return self.num_partitions is None and bool(self._loads)
+
+    def _begin_loading(self, partition: int, epoch: int) -> GroupCoordinatorShard | None:
+        if not 0 <= partition < self.num_partitions:
+            log.error("%s-%d is led here but the topic has %d partitions; not loading it",
+                      OFFSETS_TOPIC, partition, self.num_partitions)  # fmt: skip
+            return None
+        shard = GroupCoordinatorShard(partition, self.num_partitions, self.group_config)
+        shard.begin_loading(epoch)
+        self.shards[partition] = shard
+        return shard
+
     async def _load(self, partition: int, epoch: int) -> None:
         started = time.monotonic()
         if self.num_partitions is None:
             self.num_partitions = await self.partition_count()
-        if not 0 <= partition < self.num_partitions:
-            log.error("%s-%d is led here but the topic has %d partitions; not loading it",
-                      OFFSETS_TOPIC, partition, self.num_partitions)  # fmt: skip
+        shard = self.shards.get(partition) or self._begin_loading(partition, epoch)
+        if shard is None:
             return
-        shard = GroupCoordinatorShard(partition, self.num_partitions, self.group_config)
-        shard.begin_loading(epoch)
-        self.shards[partition] = shard
         tp = (OFFSETS_TOPIC, partition)
         offset, batches = None, 0
         while (lg := self.replica_manager.log_manager.logs.get(tp)) is not None:
@@ -125,8 +139,9 @@ class GroupCoordinator:
         timer = self._timers.pop(partition, None)
         if timer is not None:
             timer.cancel()
-        shard = self.shards.pop(partition)
-        self._answer(shard.unload())
+        shard = self.shards.pop(partition, None)
+        if shard is not None:
+            self._answer(shard.unload())
 
     def close(self) -> None:
         for partition in list(self.shards):

@@ -289,3 +289,178 @@ def test_the_offsets_topic_is_made_on_first_use_with_the_replication_factor_aliv
     assert {len(p.replicas) for p in offsets.partitions} == {1}
     wait_until(lambda: "only 1 broker(s) are alive" in broker.log_text(), timeout_s=10,
                message="the lowered replication factor should be logged")  # fmt: skip
+
+
+# -- membership: many members, a member killed -9, static members ----------------------------
+
+MEMBER_SCRIPT = """
+import sys, confluent_kafka
+consumer = confluent_kafka.Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                                     "session.timeout.ms": 6000})
+consumer.subscribe([sys.argv[3]])
+while True:
+    consumer.poll(0.2)
+"""
+
+
+COORDINATOR_MOVING = {confluent_kafka.KafkaError.NOT_COORDINATOR,
+                      confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                      confluent_kafka.KafkaError.COORDINATOR_NOT_AVAILABLE}  # fmt: skip
+
+
+def described_assignments(brokers, group: str) -> dict[str, set[int]]:
+    """The coordinator's view: member id -> the partitions its SyncGroup assignment names."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    try:
+        described = admin.describe_consumer_groups([group])[group].result(20)
+    except confluent_kafka.KafkaException as e:
+        # the coordinator is not known yet, loads, or moved (its LeaderAndIsr arrives after
+        # the others' UpdateMetadata): ask again, as a client does
+        if e.args[0].code() not in COORDINATOR_MOVING:
+            raise
+        return {}
+    if described.state != confluent_kafka.ConsumerGroupState.STABLE:
+        return {}
+    return {m.member_id: {tp.partition for tp in m.assignment.topic_partitions}
+            for m in described.members}  # fmt: skip
+
+
+def owned_once(assignments: dict[str, set[int]], partitions: int) -> bool:
+    owned = [p for ps in assignments.values() for p in ps]
+    return sorted(owned) == list(range(partitions))
+
+
+def test_three_members_own_six_partitions_once_and_a_member_killed_9_is_dropped(cluster):
+    topic, group = "six", "trio"
+    create_topic(cluster, topic, partitions=6)
+    # session.timeout.ms 6000 (the broker's minimum) so that dropping the killed member takes
+    # 6 s rather than the client default's 45 s
+    config = {"bootstrap.servers": bootstrap(cluster), "group.id": group,
+              "session.timeout.ms": 6000}  # fmt: skip
+    local = [confluent_kafka.Consumer(config) for _ in range(2)]
+    member = subprocess.Popen([sys.executable, "-c", MEMBER_SCRIPT, bootstrap(cluster), group,
+                               topic], start_new_session=True, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        for consumer in local:
+            consumer.subscribe([topic])
+
+        def settled(count: int) -> bool:
+            for consumer in local:
+                consumer.poll(0.1)
+            found = described_assignments(cluster, group)
+            return len(found) == count and owned_once(found, 6)
+
+        wait_until(lambda: settled(3), timeout_s=60, message="three members, six partitions")
+
+        def mine() -> list[int]:
+            for consumer in local:
+                consumer.poll(0.1)  # a member applies its assignment in its poll
+            return sorted(tp.partition for consumer in local for tp in consumer.assignment())
+
+        # range over 6 partitions and 3 members: 2 each, so the two local members own 4
+        wait_until(lambda: len(mine()) == 4, timeout_s=30,
+                   message="two of three members should own 4 of 6 partitions")  # fmt: skip
+        os.killpg(member.pid, 9)
+        member.wait(10)
+        wait_until(lambda: settled(2), timeout_s=60,
+                   message="the killed member's partitions should move after its session timeout")  # fmt: skip
+        wait_until(lambda: mine() == list(range(6)), timeout_s=30,
+                   message="the two members should own all six partitions, each once")  # fmt: skip
+    finally:
+        if member.poll() is None:
+            os.killpg(member.pid, 9)
+            member.wait(10)
+        for consumer in local:
+            consumer.close()
+
+
+def test_a_static_member_rejoins_without_a_rebalance(cluster):
+    topic, group = "static", "statics"
+    create_topic(cluster, topic, partitions=2)
+    config = {"bootstrap.servers": bootstrap(cluster), "group.id": group}
+    revoked: list[int] = []
+    other = confluent_kafka.Consumer(config)
+    other.subscribe([topic], on_revoke=lambda c, ps: revoked.append(len(ps)))
+    static_config = {**config, "group.instance.id": "static-1", "session.timeout.ms": 30000}
+    static = confluent_kafka.Consumer(static_config)
+    static.subscribe([topic])
+    try:
+
+        def stable_with_both() -> bool:
+            other.poll(0.1)
+            static.poll(0.1)
+            found = described_assignments(cluster, group)
+            return len(found) == 2 and owned_once(found, 2)
+
+        wait_until(stable_with_both, timeout_s=60, message="two members sharing two partitions")
+        before = described_assignments(cluster, group)
+        revoked.clear()
+        static.close()  # a static member sends no LeaveGroup (KIP-345): its seat is kept
+        static = confluent_kafka.Consumer(static_config)
+        static.subscribe([topic])
+        wait_until(lambda: static.poll(0.1) is None and static.assignment(), timeout_s=30,
+                   message="the static member should get its partition back")  # fmt: skip
+        for _ in range(10):
+            other.poll(0.1)
+        after = described_assignments(cluster, group)
+        assert sorted(after.values(), key=sorted) == sorted(before.values(), key=sorted)
+        assert revoked == [], "the other member went through a rebalance"
+    finally:
+        static.close()
+        other.close()
+
+
+# -- bad input: Kafka's error codes, the group intact ----------------------------------------
+
+INCONSISTENT_GROUP_PROTOCOL, ILLEGAL_GENERATION, UNKNOWN_TOPIC_OR_PARTITION = 23, 22, 3
+INVALID_REQUEST = 42
+
+
+def test_bad_group_requests_get_kafka_error_codes_and_the_group_stays(cluster):
+    from localcluster.protocol import messages
+    from localcluster.protocol.api import ApiKey
+    from tests.raw_connection import RawConnection
+
+    group = "bad-input"
+    first = RawConnection(cluster[0].port)
+
+    def ask(raw, api_key, version, body):
+        correlation_id = raw.send(api_key, version, messages.encode_request(api_key, version, body))
+        return messages.decode_response(
+            api_key, version, *raw.recv(api_key, version, correlation_id)
+        )
+
+    def join(raw, protocols, metadata=b""):
+        return ask(raw, ApiKey.JOIN_GROUP, 3, {
+            "group_id": group, "session_timeout": 10_000, "rebalance_timeout": 10_000,
+            "member_id": "", "protocol_type": "consumer",
+            "protocols": [{"name": p, "metadata": metadata} for p in protocols]})  # fmt: skip
+
+    try:
+        found = wait_until(lambda: (r := ask(first, ApiKey.FIND_COORDINATOR, 1, {
+            "key": group, "key_type": 0})).error_code == 0 and r, timeout_s=30)  # fmt: skip
+        raw = RawConnection(found.port)
+        try:
+            assert join(raw, []).error_code == INCONSISTENT_GROUP_PROTOCOL
+            assert join(raw, ["range"], b"x" * (2 << 20)).error_code == INVALID_REQUEST
+            joined = join(raw, ["range"])
+            assert joined.error_code == 0 and joined.generation_id == 1
+            synced = ask(raw, ApiKey.SYNC_GROUP, 2, {
+                "group_id": group, "generation_id": 1, "member_id": joined.member_id,
+                "assignments": [{"member_id": joined.member_id, "assignment": b""}]})  # fmt: skip
+            assert synced.error_code == 0
+            beat = ask(raw, ApiKey.HEARTBEAT, 2, {"group_id": group, "generation_id": 5,
+                                                  "member_id": joined.member_id})  # fmt: skip
+            assert beat.error_code == ILLEGAL_GENERATION
+            committed = ask(raw, ApiKey.OFFSET_COMMIT, 5, {
+                "group_id": group, "generation_id_or_member_epoch": 1, "member_id": joined.member_id,
+                "topics": [{"name": "no-such-topic", "partitions": [
+                    {"partition_index": 0, "committed_offset": 7}]}]})  # fmt: skip
+            assert committed.topics[0].partitions[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+            beat = ask(raw, ApiKey.HEARTBEAT, 2, {"group_id": group, "generation_id": 1,
+                                                  "member_id": joined.member_id})  # fmt: skip
+            assert beat.error_code == 0, "the member should still be in its generation"
+        finally:
+            raw.close()
+    finally:
+        first.close()
