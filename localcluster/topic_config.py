@@ -97,29 +97,45 @@ class _Spec:
     field: str  # TopicConfig's attribute
     parse: Callable[[str, str], object]
     default: Callable[[object], object]  # the broker's value (its BrokerConfig)
+    broker_property: str  # the broker property it defaults to (DescribeConfigs' synonym)
+    kind: int  # DescribeConfigs' config_type: Kafka's ConfigDef.Type
+    documentation: str
 
+
+BOOLEAN, STRING, INT, LONG, LIST = (
+    1,
+    2,
+    3,
+    5,
+    7,
+)  # Kafka's ConfigDef.Type, as DescribeConfigs numbers them
 
 SPECS: dict[str, _Spec] = {
-    "cleanup.policy": _Spec(
-        "cleanup_policy", _policy, lambda b: _policy("log.cleanup.policy", b.log_cleanup_policy)
-    ),  # fmt: skip
-    "retention.ms": _Spec("retention_ms", _integer(-1, INT64_MAX), lambda b: b.log_retention_ms),
-    "retention.bytes": _Spec(
-        "retention_bytes", _integer(-1, INT64_MAX), lambda b: b.log_retention_bytes
-    ),  # fmt: skip
-    "segment.bytes": _Spec(
-        "segment_bytes", _integer(MIN_SEGMENT_BYTES, INT32_MAX), lambda b: b.log_segment_bytes
-    ),  # fmt: skip
-    "max.message.bytes": _Spec(
-        "max_message_bytes", _integer(0, INT32_MAX), lambda b: b.message_max_bytes
-    ),  # fmt: skip
-    "min.insync.replicas": _Spec(
-        "min_insync_replicas", _integer(1, INT32_MAX), lambda b: b.min_insync_replicas
-    ),  # fmt: skip
+    "cleanup.policy": _Spec("cleanup_policy", _policy,
+                            lambda b: _policy("log.cleanup.policy", b.log_cleanup_policy),
+                            "log.cleanup.policy", LIST,
+                            "delete: old segments go by retention; compact: the log cleaner keeps "
+                            "the last record per key (not implemented yet: nothing is deleted)"),
+    "retention.ms": _Spec("retention_ms", _integer(-1, INT64_MAX), lambda b: b.log_retention_ms,
+                          "log.retention.ms", LONG,
+                          "delete a segment once its newest record is this old (-1: never)"),
+    "retention.bytes": _Spec("retention_bytes", _integer(-1, INT64_MAX),
+                             lambda b: b.log_retention_bytes, "log.retention.bytes", LONG,
+                             "delete old segments while the partition is larger (-1: no limit)"),
+    "segment.bytes": _Spec("segment_bytes", _integer(MIN_SEGMENT_BYTES, INT32_MAX),
+                           lambda b: b.log_segment_bytes, "log.segment.bytes", INT,
+                           "roll to a new segment file at this size"),
+    "max.message.bytes": _Spec("max_message_bytes", _integer(0, INT32_MAX),
+                               lambda b: b.message_max_bytes, "message.max.bytes", INT,
+                               "the largest record batch a producer may send"),
+    "min.insync.replicas": _Spec("min_insync_replicas", _integer(1, INT32_MAX),
+                                 lambda b: b.min_insync_replicas, "min.insync.replicas", INT,
+                                 "replicas that must be in sync for an acks=all produce"),
     "unclean.leader.election.enable": _Spec(
-        "unclean_leader_election_enable", _boolean, lambda b: b.unclean_leader_election_enable
-    ),  # fmt: skip
-}
+        "unclean_leader_election_enable", _boolean, lambda b: b.unclean_leader_election_enable,
+        "unclean.leader.election.enable", BOOLEAN,
+        "elect an out-of-sync replica when no in-sync one is alive (may lose records)"),
+}  # fmt: skip
 
 
 def validate(overrides: Mapping[str, str | None], replication_factor: int | None = None
@@ -172,3 +188,12 @@ def unclean_leader_election(overrides: Mapping[str, str] | None, default: bool) 
 def resolve_broker_defaults(broker) -> TopicConfig:
     """The broker's own log.* values as a topic's (raises TopicConfigError on a bad one)."""
     return TopicConfig(**{spec.field: spec.default(broker) for spec in SPECS.values()})
+
+
+def text(value) -> str:
+    """A typed value as a config string (a list as Kafka joins it)."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)

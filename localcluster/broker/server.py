@@ -33,6 +33,7 @@ from pathlib import Path
 
 from localcluster import coord
 from localcluster.broker import state_change_log
+from localcluster.broker.admin_apis import AdminApis
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
 from localcluster.broker.group_apis import GroupApis
@@ -224,6 +225,7 @@ class BrokerServer:
         self.group_coordinator = GroupCoordinator(self.replica_manager, c,
                                                   self.metadata.offsets_partition_count)  # fmt: skip
         apis.add_handlers(GroupApis(self.group_coordinator, self.metadata, c).handlers())
+        apis.add_handlers(AdminApis(self.metadata, c).handlers())
         apis.on_replicas_changed = self.group_coordinator.on_replicas_changed
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(

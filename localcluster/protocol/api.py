@@ -39,8 +39,10 @@ class ApiKey(enum.IntEnum):
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
     SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
     OFFSET_DELETE = 47
@@ -64,6 +66,8 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.METADATA: VersionRange(0, 8, 9),
     ApiKey.API_VERSIONS: VersionRange(0, 3, 3),
     ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
+    ApiKey.DELETE_TOPICS: VersionRange(1, 6, 4),  # broker/admin_apis.py
+    ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4, 4),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),
     ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0, 0),

@@ -239,6 +239,15 @@ def sample_request(api_key: int, version: int) -> bytes:
         return api_versions_body(version)
     if api_key in GROUP_APIS:
         return messages.encode_request(api_key, version, _group_sample(api_key, version))
+    if api_key == ApiKey.DELETE_TOPICS:  # each version deletes one of CreateTopics' samples
+        name = f"created-v{2 + (version - 1) % 3}" if version <= 3 else "no-such-topic"
+        return messages.encode_request(api_key, version, {
+            "topic_names": [name], "topics": [{"name": name}], "timeout": 10_000})  # fmt: skip
+    if api_key == ApiKey.DESCRIBE_CONFIGS:
+        return messages.encode_request(api_key, version, {"resources": [
+            {"resource_type": 2, "resource_name": TOPIC, "configuration_keys": None},
+            {"resource_type": 4, "resource_name": "1", "configuration_keys": ["broker.id"]}],
+            "include_synonyms": True})  # fmt: skip
     if api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return messages.encode_request(api_key, version, {"replica_id": -1, "topics": [
             {"topic": TOPIC, "partitions": [{"partition": 0, "current_leader_epoch": -1,
@@ -277,6 +286,15 @@ def check_response(api_key: int, version: int, response) -> None:
         assert response.error_code == 0
     elif api_key in GROUP_APIS:
         _check_group_response(api_key, version, response)
+    elif api_key == ApiKey.DELETE_TOPICS:
+        (result,) = response.responses
+        expected = 0 if version <= 3 else 3  # deleted, then UNKNOWN_TOPIC_OR_PARTITION
+        assert result.error_code == expected, response
+    elif api_key == ApiKey.DESCRIBE_CONFIGS:
+        topic, broker = response.results
+        assert topic.error_code == 0 and broker.error_code == 0, response
+        assert {c.name for c in topic.configs} >= {"min.insync.replicas", "retention.ms"}
+        assert [(c.name, c.value) for c in broker.configs] == [("broker.id", "1")], response
     elif api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
         (partition,) = response.topics[0].partitions
         # Epoch 0 is the only (so the latest) epoch: it ends at the log end, past the Produce.
@@ -293,7 +311,8 @@ def check_response(api_key: int, version: int, response) -> None:
 # Produce first so that every Fetch and ListOffsets version finds a record.
 ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
          ApiKey.LIST_OFFSETS, ApiKey.CREATE_TOPICS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
-         ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS, *GROUP_APIS]  # fmt: skip
+         ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS, *GROUP_APIS, ApiKey.DELETE_TOPICS,
+         ApiKey.DESCRIBE_CONFIGS]  # fmt: skip
 EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
 # The controller's requests change leadership; they are tested where a controller is.
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,

@@ -69,3 +69,30 @@ def test_max_message_bytes_of_a_topic_is_enforced_and_its_segment_bytes_survive_
     log_dir = broker.data_dir / "small-0"
     wait_until(lambda: len(list(log_dir.glob("*.log"))) >= 2, timeout_s=10,
                message="the topic's segment.bytes should roll its log after the restart")  # fmt: skip
+
+
+def test_admin_client_describes_configs_with_sources_and_deletes_topics(brokers):
+    from confluent_kafka.admin import ConfigResource, ConfigSource
+
+    broker = brokers.start(1, log_retention_ms="3600000")
+    assert create(broker.bootstrap, "described", {"min.insync.replicas": "1",
+                                                  "cleanup.policy": "compact"}) is None  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = ConfigResource(ConfigResource.Type.TOPIC, "described")
+    entries = admin.describe_configs([topic])[topic].result(20)
+    assert entries["cleanup.policy"].value == "compact"
+    assert entries["cleanup.policy"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    # retention.ms falls back to the broker's log.retention.ms, set in its properties
+    assert entries["retention.ms"].value == "3600000"
+    assert entries["retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert entries["segment.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    node = ConfigResource(ConfigResource.Type.BROKER, "1")
+    assert admin.describe_configs([node])[node].result(20)["log.retention.ms"].value == "3600000"
+    gone = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "missing")])
+    with pytest.raises(confluent_kafka.KafkaException):
+        next(iter(gone.values())).result(20)
+    admin.delete_topics(["described"], operation_timeout=20)["described"].result(30)
+    with Admin(bootstrap_servers=broker.bootstrap) as ours:
+        assert "described" not in ours.list_topics()
+    refused = admin.delete_topics(["never-was"], operation_timeout=5)["never-was"].exception(20)
+    assert refused.args[0].code() == confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART

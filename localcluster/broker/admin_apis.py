@@ -1,0 +1,162 @@
+"""Admin APIs beside CreateTopics: DeleteTopics and DescribeConfigs.
+
+- DeleteTopics (v1-v6) asks the controller as ZooKeeper-mode Kafka does (a znode under
+  /admin/delete_topics) and answers when the topic is gone from the store or its timeout
+  passes (REQUEST_TIMED_OUT; the deletion goes on). Topic ids do not exist here: a request
+  naming only an id gets UNKNOWN_TOPIC_ID. `__consumer_offsets` is refused
+  (INVALID_TOPIC_EXCEPTION): its deletion would drop every group's offsets.
+- DescribeConfigs (v1-v4) describes a topic (its effective TopicConfig: each value with its
+  source, DYNAMIC_TOPIC_CONFIG for an override, else the broker's property it falls back to,
+  and the synonyms when asked) or this broker (every property of BrokerConfig, all read-only:
+  none can be changed live here yet). A broker resource names one broker; it is answered by
+  that broker only (clients send it there), an empty name meaning this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from kio.schema.errors import ErrorCode
+
+from localcluster import topic_config
+from localcluster.broker.config import BrokerConfig
+from localcluster.broker.metadata import OFFSETS_TOPIC, ClusterMetadata, legal_topic
+from localcluster.protocol import messages
+from localcluster.protocol.api import ApiKey
+
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+# DescribeConfigs' config_source values (Kafka's DescribeConfigsResponse.ConfigSource)
+DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+UNKNOWN_TOPIC_ID = 100
+_BROKER_DEFAULTS = BrokerConfig()
+
+
+class AdminApis:
+    def __init__(self, metadata: ClusterMetadata, config: BrokerConfig):
+        self.metadata = metadata
+        self.config = config
+
+    def handlers(self) -> dict:
+        return {ApiKey.DELETE_TOPICS: self.handle_delete_topics,
+                ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs}  # fmt: skip
+
+    @staticmethod
+    def _decode(header, reader):
+        return messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+
+    @staticmethod
+    def _encode(header, data: dict) -> bytes:
+        return messages.encode_response(header.api_key, header.api_version,
+                                        {"throttle_time": 0, **data})  # fmt: skip
+
+    # -- DeleteTopics --------------------------------------------------------------------------
+
+    async def handle_delete_topics(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+        if header.api_version >= 6:
+            names = [(t.name, t.topic_id) for t in request.topics]
+        else:
+            names = [(name, None) for name in request.topic_names]
+        deadline = time.monotonic() + max(request.timeout.total_seconds(), 0)
+        results = await asyncio.gather(*(self._delete(name, topic_id, deadline)
+                                         for name, topic_id in names))  # fmt: skip
+        return self._encode(header, {"responses": list(results)})
+
+    async def _delete(self, name: str | None, topic_id, deadline: float) -> dict:
+        def result(code, message=None):
+            return {"name": name, "topic_id": topic_id, "error_code": code,
+                    "error_message": message}  # fmt: skip
+
+        if name is None:
+            return result(UNKNOWN_TOPIC_ID, "topic ids do not exist here: name the topic")
+        if name == OFFSETS_TOPIC:
+            return result(ErrorCode.invalid_topic_exception,
+                          f"{OFFSETS_TOPIC} is internal: deleting it would drop every "
+                          "group's committed offsets")  # fmt: skip
+        zk = self.metadata.zk
+        if not legal_topic(name) or await asyncio.to_thread(zk.assignment, name) is None:
+            return result(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
+        await asyncio.to_thread(zk.request_topic_deletion, name)
+        while await asyncio.to_thread(zk.assignment, name) is not None:
+            if time.monotonic() >= deadline:
+                return result(ErrorCode.request_timed_out,
+                              "the controller has not finished deleting it; it goes on")  # fmt: skip
+            await asyncio.sleep(0.02)
+        return result(ErrorCode.none)
+
+    # -- DescribeConfigs ----------------------------------------------------------------------
+
+    async def handle_describe_configs(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+        synonyms = getattr(request, "include_synonyms", False)
+        documentation = getattr(request, "include_documentation", False)
+        results = []
+        for resource in request.resources:
+            keys = None if resource.configuration_keys is None else set(resource.configuration_keys)
+            if resource.resource_type == TOPIC_RESOURCE:
+                result = await self._describe_topic(resource.resource_name, keys, synonyms,
+                                                    documentation)  # fmt: skip
+            elif resource.resource_type == BROKER_RESOURCE:
+                result = self._describe_broker(resource.resource_name, keys)
+            else:
+                result = {"error_code": ErrorCode.invalid_request,
+                          "error_message": f"resource type {resource.resource_type} is not "
+                          "described here (topics: 2, brokers: 4)", "configs": []}  # fmt: skip
+            results.append({"resource_type": resource.resource_type,
+                            "resource_name": resource.resource_name, **result})  # fmt: skip
+        return self._encode(header, {"results": results})
+
+    async def _describe_topic(self, name: str, keys, synonyms: bool, documentation: bool) -> dict:
+        zk = self.metadata.zk
+        if not legal_topic(name) or await asyncio.to_thread(zk.assignment, name) is None:
+            return {"error_code": ErrorCode.unknown_topic_or_partition,
+                    "error_message": f"topic {name!r} does not exist", "configs": []}  # fmt: skip
+        overrides = await asyncio.to_thread(zk.topic_config, name)
+        effective = topic_config.resolve(overrides, self.config, name)
+        configs = []
+        for key, spec in sorted(topic_config.SPECS.items()):
+            if keys is not None and key not in keys:
+                continue
+            broker_value = topic_config.text(spec.default(self.config))
+            broker_source = self._broker_source(spec.broker_property, spec.default)
+            chain = [(spec.broker_property, broker_value, broker_source)]
+            if key in overrides:
+                chain.insert(0, (key, overrides[key], DYNAMIC_TOPIC_CONFIG))
+            configs.append({
+                "name": key, "value": topic_config.text(getattr(effective, spec.field)),
+                "read_only": False, "config_source": chain[0][2], "is_sensitive": False,
+                "synonyms": [{"name": n, "value": v, "source": s} for n, v, s in chain]
+                if synonyms else [],
+                "config_type": spec.kind,
+                "documentation": spec.documentation if documentation else None})  # fmt: skip
+        return {"error_code": 0, "configs": configs}
+
+    def _describe_broker(self, name: str, keys) -> dict:
+        if name not in ("", str(self.config.broker_id)):
+            return {"error_code": ErrorCode.invalid_request,
+                    "error_message": f"this is broker {self.config.broker_id}: send broker "
+                    f"{name}'s DescribeConfigs to that broker", "configs": []}  # fmt: skip
+        configs = []
+        defaults = _BROKER_DEFAULTS.properties()
+        for key, value in sorted(self.config.properties().items()):
+            if keys is not None and key not in keys:
+                continue
+            source = DEFAULT_CONFIG if defaults.get(key) == value else STATIC_BROKER_CONFIG
+            configs.append({"name": key, "value": None if value is None else
+                            topic_config.text(value), "read_only": True, "config_source": source,
+                            "is_sensitive": False, "synonyms": [],
+                            "config_type": _broker_type(value)})  # fmt: skip
+        return {"error_code": 0, "configs": configs}
+
+    def _broker_source(self, broker_property: str, default) -> int:
+        same = default(self.config) == default(_BROKER_DEFAULTS)
+        return DEFAULT_CONFIG if same else STATIC_BROKER_CONFIG
+
+
+def _broker_type(value) -> int:
+    if isinstance(value, bool):
+        return topic_config.BOOLEAN
+    if isinstance(value, int):
+        return topic_config.LONG if abs(value) > 2**31 - 1 else topic_config.INT
+    return topic_config.STRING
