@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import re
 import shutil
@@ -48,10 +47,19 @@ from bench.common import (
     write_results,
 )
 from localcluster.broker.process import BrokerProcess
+from localcluster.tools.load import (  # noqa: F401 (the process and CPU helpers, re-exported)
+    CpuMeter,
+    build_batch,
+    cpu_seconds,
+    kill_workers,
+    machine_busy_seconds,
+    spawn_context,
+)
+from localcluster.tools.load import own_cpu_seconds as _cpu
+from localcluster.tools.load import use_uvloop as _use_uvloop
 from localcluster.waiting import wait_until
 
 RECORD_VALUE_BYTES = 100
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # == shared helpers (bench.commit and bench.failover import these) ===========================
@@ -212,69 +220,6 @@ def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor
 
     if not wait_until(led, timeout_s, 0.05):
         raise RuntimeError(f"topic {topic}: not every partition has a leader after {timeout_s} s")
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """user + system CPU seconds of a process (all its threads) from /proc/<pid>/stat."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores spent busy since boot (everything but idle and iowait), /proc/stat."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
-    return (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS
-
-
-class CpuMeter:
-    """CPU seconds used by a set of pids between `start()` and `stop()` (from /proc), and by
-    the whole machine (`machine_cores`): the difference is other people's work, which on a
-    shared 2-core box is what most often skews a figure."""
-
-    def __init__(self, pids: dict[str, int]):
-        self.pids = dict(pids)
-        self.before: dict[str, float | None] = {}
-        self.used: dict[str, float | None] = {}
-
-    def start(self) -> None:
-        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._machine0 = machine_busy_seconds()
-        self._t0 = time.perf_counter()
-
-    def stop(self) -> dict[str, float | None]:
-        self.wall_s = time.perf_counter() - self._t0
-        self.machine_cores = (machine_busy_seconds() - self._machine0) / self.wall_s
-        for name, pid in self.pids.items():
-            now, then = cpu_seconds(pid), self.before.get(name)
-            self.used[name] = None if now is None or then is None else now - then
-        return self.used
-
-    def cores(self) -> dict[str, float | None]:
-        """CPU seconds per wall second (1.0 = one core busy the whole time)."""
-        return {k: (None if v is None else v / self.wall_s) for k, v in self.used.items()}
-
-
-def build_batch(records: int, value_bytes: int = RECORD_VALUE_BYTES) -> bytes:
-    from localcluster.storage import Record, encode_batch
-
-    return encode_batch([Record(value=b"v" * value_bytes)] * records)
-
-
-def spawn_context():
-    """Worker processes start fresh (spawn): nothing of the parent's threads or clients."""
-    return multiprocessing.get_context("spawn")
-
-
-def kill_workers(workers) -> None:
-    for worker in workers:
-        if worker.is_alive():
-            worker.kill()
-        worker.join(5)
 
 
 def install_sigterm() -> None:
@@ -469,21 +414,6 @@ def our_fetch_worker(bootstrap: str, topic: str, partition: int, end_offset: int
 
     _use_uvloop()
     results.put(asyncio.run(run()))
-
-
-def _cpu() -> float:
-    """This process's user + system CPU seconds (all threads)."""
-    times = os.times()
-    return times.user + times.system
-
-
-def _use_uvloop() -> None:
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
 
 
 def run_worker(target, *args, timeout_s: float = 300.0) -> dict:

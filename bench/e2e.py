@@ -5,7 +5,8 @@ rates the commit path takes; this measures per record *batch* instead, so that i
 the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
 
 - Producers: `producers` spawned processes of our client, each sending one prebuilt batch
-  (`build_batch`, built once) at a time with `AsyncProducer.send_batch` (acks=all, linger 0),
+  (`build_batch`, built once; compressed with `--compression` gzip | snappy | lz4 | zstd
+  through storage/compression.py) at a time with `AsyncProducer.send_batch` (acks=all, linger 0),
   round-robin over the topic's partitions, open loop: batch i of a process is due at
   start + i * interval (processes are phase-shifted by interval / producers), at most
   `outstanding` unacknowledged per process. Each keeps, per acknowledged batch, (partition,
@@ -27,7 +28,7 @@ the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
   answers the fetch and the produce at about the same moment), so e2e is not >= produce per
   batch; both count from the due time, so a stall of the load generator is in both.
 
-Sends are paced by bench.load.Pacer, a thread sleeping with nanosleep, not by event-loop timers (1 ms resolution;
+Sends are paced by the load engine's Pacer (localcluster/tools/load.py), a thread sleeping with nanosleep, not by event-loop timers (1 ms resolution;
 uvloop's fire up to 1 ms early): a batch is never sent before it is due, and its delay from the
 due time to the `send_batch` call (pacing, the outstanding limit, CPU starvation of the
 producer) is reported as `send_delay_ms`; both latencies include it.
@@ -59,8 +60,8 @@ from bench.broker import (
     spawn_context,
 )
 from bench.common import print_note, print_table, write_results
-from bench.load import Pacer, curve, histogram, latency_summary
 from localcluster.storage.record_batch import batch_spans
+from localcluster.tools.load import Pacer, curve, histogram, latency_summary
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
@@ -100,14 +101,14 @@ def _report_errors(results, name: str):
 
 def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rate: float,
                     seconds: float, record_size: int, batch_records: int, outstanding: int,
-                    phase: float, results, go) -> None:  # fmt: skip
+                    phase: float, results, go, compression: str = "none") -> None:  # fmt: skip
     """Open-loop producer at `rate` records/s; reports per acked batch (partition, base offset,
     due ns, ack ns) as array bytes."""
 
     async def run() -> dict:
         from localcluster.client import AsyncProducer
 
-        batch = build_batch(batch_records, record_size)
+        batch = prebuilt_batch(batch_records, record_size, compression)
         pacer = Pacer(asyncio.get_running_loop())
         room = asyncio.Semaphore(outstanding)
         part, base, due_ns, send_ns, ack_ns = (array.array("i"), array.array("q"), array.array("q"),
@@ -168,6 +169,17 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
         results.put(("producer-done", index, asyncio.run(run())))
 
     main()
+
+
+def prebuilt_batch(records: int, record_size: int, compression: str = "none") -> bytes:
+    """The one batch a producer sends again and again, its records compressed by codec name."""
+    if compression == "none":
+        return build_batch(records, record_size)
+    from localcluster.storage import BatchSpec, Record, encode_batch
+    from localcluster.storage.compression import codec_id
+
+    spec = BatchSpec(attributes=codec_id(compression))
+    return encode_batch([Record(value=b"v" * record_size)] * records, spec)
 
 
 # -- consumer -----------------------------------------------------------------------------------
@@ -366,7 +378,7 @@ def _arrays(result: dict, fields: dict[str, str]) -> list[array.array]:
 
 def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, seconds: float,
                 record_size: int = 100, batch_records: int = 580, producers: int = 1,
-                outstanding: int = 16) -> dict:  # fmt: skip
+                outstanding: int = 16, compression: str = "none") -> dict:  # fmt: skip
     """Produce at `rate` records/s for `seconds` into an existing topic and consume it as it
     is committed; per-batch produce and end-to-end latency (see the module's docstring)."""
     ctx = spawn_context()
@@ -375,7 +387,7 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
                            args=(bootstrap, topic, partitions, FETCH_MAX_WAIT_MS, results, control))  # fmt: skip
     loaders = [ctx.Process(target=producer_worker, daemon=True,
                            args=(i, bootstrap, topic, partitions, rate / producers, seconds, record_size,
-                                 batch_records, outstanding, i / producers, results, go))
+                                 batch_records, outstanding, i / producers, results, go, compression))
                for i in range(producers)]  # fmt: skip
     workers = [consumer, *loaders]
     done: dict[int, dict] = {}
@@ -482,7 +494,8 @@ def measure_e2e(bootstrap: str, topic: str, partitions: int, rate: float, second
         "produce_curve_ms": curve(produce_hist) if batches else [],
         "e2e_curve_ms": curve(e2e_hist) if e2e_hist.get_total_count() else [],
         "config": {"partitions": partitions, "record_size": record_size, "batch_records": batch_records,
-                   "producers": producers, "outstanding": outstanding, "acks": "all"},
+                   "producers": producers, "outstanding": outstanding, "acks": "all",
+                   "compression": compression},
         "consumer": {"fetch_max_wait_ms": FETCH_MAX_WAIT_MS, "fetch_min_bytes": 1,
                      "fetches": received["fetches"], "empty_fetches": received["empty_fetches"],
                      "received_batches": len(rparts), "reached_targets": received["reached"],
@@ -509,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--outstanding", type=int, default=16, help="batches outstanding per producer"
     )
+    parser.add_argument("--compression", default="none",
+                        choices=["none", "gzip", "snappy", "lz4", "zstd"],
+                        help="codec of the produced batches (default none)")  # fmt: skip
     args = parser.parse_args(argv)
     seconds = args.seconds or (3.0 if args.quick else 15.0)
     if args.json:
@@ -532,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         leaders = {p: cluster.partition_state(TOPIC, p).leader for p in range(args.partitions)}
         result = measure_e2e(cluster.bootstrap, TOPIC, args.partitions, args.rate, seconds,
                              batch_records=args.batch_records, producers=args.producers,
-                             outstanding=args.outstanding)  # fmt: skip
+                             outstanding=args.outstanding, compression=args.compression)  # fmt: skip
         isr_after = {p: list(cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)}
     finally:
         cluster.close()
@@ -551,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         [row("produce (due -> ack)", result["produce_latency_ms"]),
          row("end to end (due -> fetched)", result["e2e_latency_ms"]),
          row("of which: due -> send_batch", result["send_delay_ms"])],
-        note=(f"Per batch of {args.batch_records} records ({args.producers} producer process(es), open loop, "
+        note=(f"Per batch of {args.batch_records} records, compression {args.compression} "
+              f"({args.producers} producer process(es), open loop, "
               f"at most {args.outstanding} outstanding each); consumer: one process, one Fetch in flight per "
               f"leader, fetch.max.wait.ms {FETCH_MAX_WAIT_MS}, min bytes 1, batches walked by header, not "
               f"decoded ({result['consumer']['fetches']:,} fetches). Missing {result['missing_batches']}, "

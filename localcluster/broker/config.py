@@ -67,6 +67,7 @@ class BrokerConfig:
         "replica.high.watermark.checkpoint.interval.ms", 5_000)  # fmt: skip
     log_segment_bytes: int = _prop("log.segment.bytes", 1 << 30)
     log_index_size_max_bytes: int = _prop("log.index.size.max.bytes", 10 << 20)
+    log_cleanup_policy: str = _prop("log.cleanup.policy", "delete", "delete, compact or both")
     log_retention_bytes: int = _prop("log.retention.bytes", -1)
     log_retention_ms: int = _prop("log.retention.ms", 7 * 24 * 3600 * 1000)
     log_retention_check_interval_ms: int = _prop("log.retention.check.interval.ms", 300_000)
@@ -142,6 +143,12 @@ class BrokerConfig:
                 f"group.min.session.timeout.ms={self.group_min_session_timeout_ms} must not "
                 f"exceed group.max.session.timeout.ms={self.group_max_session_timeout_ms}"
             )
+        from localcluster.topic_config import TopicConfigError, resolve_broker_defaults
+
+        try:
+            resolve_broker_defaults(self)
+        except TopicConfigError as e:
+            raise ConfigError(str(e)) from None
         settings = self.listener_settings  # raises ConfigError naming the property
         self._check_sasl(settings)
         if self.replica_fetch_wait_max_ms > self.replica_lag_time_max_ms:

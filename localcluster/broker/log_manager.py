@@ -39,6 +39,7 @@ from localcluster.storage.producer_state import (
     ProducerAppendInfo,
     RejectedAppend,
 )
+from localcluster.topic_config import TopicConfig
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,12 @@ def parse_partition_dir(name: str) -> TopicPartition | None:
 
 class LogManager:
     def __init__(self, data_dir: Path, checkpoint_dir: Path,
-                 log_config: Callable[[dict[str, str] | None], LogConfig],
+                 log_config: Callable[[TopicConfig | None], LogConfig],
                  wall_clock_ms: Callable[[], int],
                  producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS):  # fmt: skip
         self.data_dir = data_dir
         self.checkpoint_dir = checkpoint_dir
-        self.log_config = log_config  # topic config overrides -> the log's settings
+        self.log_config = log_config  # a topic's config (None: the broker's) -> the log's
         self.wall_clock_ms = wall_clock_ms
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.logs: dict[TopicPartition, Log] = {}
@@ -102,7 +103,13 @@ class LogManager:
                      if opened.cuts else "")  # fmt: skip
         return checkpointed_hw
 
-    def get_or_create(self, tp: TopicPartition, topic_config: dict[str, str] | None = None) -> Log:
+    def configure(self, tp: TopicPartition, topic_config: TopicConfig) -> None:
+        """The topic's current config for an open log (it applies from the next segment)."""
+        lg = self.logs.get(tp)
+        if lg is not None:
+            lg.config = self.log_config(topic_config)
+
+    def get_or_create(self, tp: TopicPartition, topic_config: TopicConfig | None = None) -> Log:
         existing = self.logs.get(tp)
         if existing is None:
             existing = Log.open(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from kio.schema.errors import ErrorCode
 
+from localcluster import topic_config
 from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.broker.network import ListenerInfo
 from localcluster.controller.assignment import (
@@ -33,8 +34,6 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"  # the group coordinator's internal topic
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-TOPIC_CONFIGS = {"segment.bytes", "retention.ms", "retention.bytes", "min.insync.replicas",
-                 "unclean.leader.election.enable", "cleanup.policy", "max.message.bytes"}  # fmt: skip
 
 
 def legal_topic(name: str | None) -> bool:
@@ -65,6 +64,13 @@ def check_replica_assignment(table: dict[int, tuple[int, ...]]) -> None:
     if len({len(r) for r in table.values()}) != 1:
         raise TopicCreationError(ErrorCode.invalid_replica_assignment,
                                  "all partitions should have the same number of replicas")  # fmt: skip
+
+
+def _validated(configs, replication_factor: int | None) -> dict[str, str]:
+    try:
+        return topic_config.validate(configs, replication_factor)
+    except topic_config.TopicConfigError as e:
+        raise TopicCreationError(ErrorCode(e.error_code), str(e)) from None
 
 
 class ClusterMetadata:
@@ -125,8 +131,11 @@ class ClusterMetadata:
 
     # -- Metadata -----------------------------------------------------------------------------
 
-    async def topic_configs(self, topics) -> dict[str, dict[str, str]]:
-        return await self._run(lambda: {t: self.zk.topic_config(t) for t in topics})
+    async def topic_configs(self, topics) -> dict[str, topic_config.TopicConfig]:
+        """Each topic's effective config: its stored overrides over the broker's defaults."""
+        stored = await self._run(lambda: {t: self.zk.topic_config(t) for t in topics})
+        return {t: topic_config.resolve(overrides, self.defaults, t)
+                for t, overrides in stored.items()}  # fmt: skip
 
     async def describe(self, names: list[str] | None, allow_auto_create: bool,
                        listener: ListenerInfo) -> dict:  # fmt: skip
@@ -244,11 +253,7 @@ class ClusterMetadata:
             raise TopicCreationError(ErrorCode.invalid_topic_exception,
                                      f"topic name {name!r} must be 1-249 of [a-zA-Z0-9._-], "
                                      "not '.' or '..'")  # fmt: skip
-        unknown = sorted(set(configs) - TOPIC_CONFIGS)
-        if unknown:
-            raise TopicCreationError(ErrorCode.invalid_config,
-                                     f"unknown topic config {', '.join(unknown)}; known: "
-                                     f"{', '.join(sorted(TOPIC_CONFIGS))}")  # fmt: skip
+        configs = _validated(configs, None)  # names and values before anything else
         if self.zk.assignment(name) is not None:
             raise TopicCreationError(ErrorCode.topic_already_exists, f"topic {name!r} exists")
         if assignments:
@@ -260,6 +265,7 @@ class ClusterMetadata:
             check_replica_assignment(table)
         else:
             table = self._assign(num_partitions, replication_factor)
+        configs = _validated(configs, len(next(iter(table.values()))))
         if validate_only:
             return
         try:
@@ -318,10 +324,7 @@ class ClusterMetadata:
         leader was fenced (a new epoch or leader is in the store)."""
         tp = (update.topic, update.partition)
         found = self.zk.partition_state(*tp)
-        controller_epoch = found[0].controller_epoch if found else 0
-        state = LeaderAndIsr(
-            update.leader, update.leader_epoch, tuple(update.isr), controller_epoch
-        )
+        state = update.state(found[0].controller_epoch if found else 0)
         try:
             version = self.zk.update_isr_from_leader(tp, state, update.zk_version)
         except Exception as e:
@@ -331,12 +334,4 @@ class ClusterMetadata:
             version = None
         if version is not None:
             return True, version
-        found = self.zk.partition_state(*tp)
-        if found is None:
-            return False, None
-        current, version = found
-        if current == state:
-            return True, version  # it landed: our answer was lost on the way back
-        if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
-            return False, version  # only the version moved: retry with it
-        return False, None
+        return update.outcome(self.zk.partition_state(*tp))

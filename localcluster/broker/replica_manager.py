@@ -1,10 +1,10 @@
 """ReplicaManager: the runtime of the replica core for this broker's partitions and their logs.
 
-Every replication decision is `ReplicaCore`'s (replication/replica_core.py); this module owns
-what the core may not touch: the logs on disk, the checkpoint files, the event loop's timers
-and futures, the store writes, and the wire types. Its loop is always the same:
-event (a request, an answer, a timer) -> core step -> Ready -> `execute` -> outcomes reported
-back as the next step (an append's offsets, an ISR write's result).
+Every replication decision is `ReplicaCore`'s (replication/replica_core.py), and what happens
+between the core and the logs is `ReplicaHost`'s (replica_host.py, shared with the simulator);
+this module adds what only the runtime has: the event loop's timers and futures, the store
+writes, and the wire types. Its loop is always the same: event (a request, an answer, a timer)
+-> core step -> Ready -> `execute` -> outcomes reported back as the next step.
 - LeaderAndIsr / StopReplica: open the logs the core will host, then the core's step.
 - Produce: the core checks, the log appends, the core parks acks=all until the HW passes.
 - Fetch from a consumer reads up to the HW; from a follower up to the log end, after the core
@@ -25,6 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.log_manager import LogManager
+from localcluster.broker.replica_host import ReplicaHost
 from localcluster.broker.state_change_log import log_state_change
 from localcluster.metrics.board import NullMetricsWriter
 from localcluster.protocol.controller_requests import (
@@ -36,21 +37,9 @@ from localcluster.protocol.fetch import FetchPartitionResponse, FetchRequest
 from localcluster.protocol.produce import ProducePartitionResponse
 from localcluster.replication import ready as r
 from localcluster.replication.partition import IsrUpdate
-from localcluster.replication.replica_core import (
-    HostedReplica,
-    ReplicaConfig,
-    ReplicaCore,
-    fetch_answerable,
-)
-from localcluster.storage import (
-    CorruptRecordError,
-    Log,
-    LogConfig,
-    LogDirectoryFullError,
-    OffsetOutOfRangeError,
-    RecordBatchTooLargeError,
-)
-from localcluster.storage.producer_state import DuplicateBatch, RejectedAppend
+from localcluster.replication.replica_core import ReplicaConfig, fetch_answerable
+from localcluster.storage import LogConfig
+from localcluster.topic_config import TopicConfig, resolve_broker_defaults
 
 log = logging.getLogger(__name__)
 
@@ -86,66 +75,35 @@ def replica_config(config: BrokerConfig) -> ReplicaConfig:
                          message_max_bytes=config.message_max_bytes)  # fmt: skip
 
 
-class ReplicaManager:
+class ReplicaManager(ReplicaHost):
     def __init__(self, config: BrokerConfig, data_dir: Path, checkpoint_dir: Path):
         self.config = config
-        self.broker_id = config.broker_id
+        self.broker_topic_defaults = resolve_broker_defaults(config)
         self.data_dir = data_dir
         self.checkpoint_dir = checkpoint_dir
-        self.core = ReplicaCore(config.broker_id, replica_config(config))
+        super().__init__(config.broker_id, replica_config(config),
+                         LogManager(data_dir, checkpoint_dir, self.log_config,
+                                    lambda: int(time.time() * 1000),
+                                    config.producer_id_expiration_ms))  # fmt: skip
         self.notifier = AppendNotifier()
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
-        self.log_manager = LogManager(data_dir, checkpoint_dir, self.log_config,
-                                      lambda: int(time.time() * 1000),
-                                      config.producer_id_expiration_ms)  # fmt: skip
         self._isr_tasks: set[asyncio.Task] = set()
-
-    @property
-    def partitions(self) -> dict[TopicPartition, HostedReplica]:
-        return self.core.partitions
 
     def now_ms(self) -> int:
         return int(asyncio.get_running_loop().time() * 1000)
 
     # -- startup and shutdown -----------------------------------------------------------------
 
-    def log_config(self, overrides: dict[str, str] | None = None) -> LogConfig:
-        c = self.config
-        values = {"segment_bytes": c.log_segment_bytes,
-                  "segment_index_bytes": c.log_index_size_max_bytes,
-                  "retention_bytes": c.log_retention_bytes, "retention_ms": c.log_retention_ms}  # fmt: skip
-        names = {"segment.bytes": "segment_bytes", "retention.bytes": "retention_bytes",
-                 "retention.ms": "retention_ms"}  # fmt: skip
-        for key, value in (overrides or {}).items():
-            if key in names:
-                values[names[key]] = int(value)
-        return LogConfig(**values)
-
-    def open_logs(self) -> None:
-        """Open (and recover) every partition log in the data dir."""
-        checkpointed_hw = self.log_manager.open_logs()
-        self.core.open_logs(self.log_manager.logs, checkpointed_hw)
-
-    def get_or_create_log(
-        self, tp: TopicPartition, topic_config: dict[str, str] | None = None
-    ) -> Log:
-        lg = self.log_manager.get_or_create(tp, topic_config)
-        self.core.add_log(tp, lg)
-        return lg
-
-    def checkpoint_high_watermarks(self) -> None:
-        self.log_manager.write_high_watermarks(self.core.checkpoint_high_watermarks())
-
-    def checkpoint(self) -> None:
-        """Flush every log, then write recovery points and high watermarks."""
-        self.log_manager.checkpoint_recovery_points()
-        self.checkpoint_high_watermarks()
-
-    def close(self) -> None:
-        self.log_manager.close(self.core.checkpoint_high_watermarks())
-        self.partitions.clear()
+    def log_config(self, config: TopicConfig | None = None) -> LogConfig:
+        """A log's settings from its topic's config (None: the broker's defaults). Time and
+        size retention apply only when cleanup.policy holds delete, as in Kafka."""
+        c = config or self.broker_topic_defaults
+        return LogConfig(segment_bytes=c.segment_bytes,
+                         segment_index_bytes=self.config.log_index_size_max_bytes,
+                         retention_bytes=c.retention_bytes if c.deletes else -1,
+                         retention_ms=c.retention_ms if c.deletes else -1)  # fmt: skip
 
     def publish_replicas(self) -> None:
         """Put every hosted replica's offsets on the metrics board (for `status`)."""
@@ -153,67 +111,39 @@ class ReplicaManager:
             (tp[0], tp[1], h.state.is_leader, h.log.log_end_offset, h.state.high_watermark)
             for tp, h in sorted(self.partitions.items()))  # fmt: skip
 
-    def retention(self, now_ms: int) -> None:
-        """Delete old segments below the HW (log.retention.*); the log start moves."""
-        hws = {tp: h.state.high_watermark for tp, h in self.partitions.items()}
-        for tp in self.log_manager.delete_old_segments(now_ms, hws):
-            self.core.on_log_start_offset(tp)
-        self.log_manager.expire_producers()
+    # -- the Ready's hooks (replica_host.py carries out the rest) ------------------------------
 
-    # -- carrying out the core's Ready ---------------------------------------------------------
+    def on_state_change(self, change) -> None:
+        log_state_change(change)
+        if isinstance(change, r.IsrChanged):
+            self.metrics.record_isr_change(shrink=len(change.isr) < len(change.previous_isr))
 
-    def execute(self, ready: r.Ready) -> None:
-        if ready is r.EMPTY:
-            return
-        for action in ready.log_actions:
-            self.log_manager.apply(action)
-        for append in ready.follower_appends:
-            failure = self.log_manager.append_as_follower(append)
-            self.execute(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
-                         if failure else
-                         self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
-        for change in ready.state_changes:
-            log_state_change(change)
-            if isinstance(change, r.IsrChanged):
-                self.metrics.record_isr_change(shrink=len(change.isr) < len(change.previous_isr))
-        for update in ready.isr_writes:
-            self._write_isr(update)
-        for future, error in ready.produce_answers:
-            if not future.done():
-                future.set_result(error)
-        if ready.wake_fetches:
-            self.notifier.notify()
-        if self.fetchers is not None and (ready.fetch_sessions or ready.abandoned):
-            self.fetchers.on_sessions(ready.fetch_sessions, ready.abandoned)
-        if ready.wakeup_at_ms is not None:
-            delay_s = max(ready.wakeup_at_ms - self.now_ms(), 0) / 1000 + 0.001
-            asyncio.get_running_loop().call_later(delay_s, self._tick)
+    def answer_produce(self, future, error: int) -> None:
+        if not future.done():
+            future.set_result(error)
 
-    def _tick(self) -> None:
-        """A produce's deadline or an ISR retry is due."""
-        now = self.now_ms()
-        self.execute(self.core.expire_produces(now))
-        self.execute(self.core.retry_isr_writes(now))
+    def wake_fetches(self) -> None:
+        self.notifier.notify()
+
+    def on_fetch_sessions(self, leaders, abandoned, requests) -> None:
+        # A fetcher sends what its own poll planned (`requests`): see replica_fetcher.py.
+        if self.fetchers is not None and (leaders or abandoned):
+            self.fetchers.on_sessions(leaders, abandoned)
+
+    def wake_at(self, at_ms: int) -> None:
+        delay_s = max(at_ms - self.now_ms(), 0) / 1000 + 0.001
+        asyncio.get_running_loop().call_later(delay_s, lambda: self.tick(self.now_ms()))
 
     # -- LeaderAndIsr and StopReplica --------------------------------------------------------
 
     def become_leader_or_follower(self, request: LeaderAndIsrRequest,
-                                  topic_configs: dict[str, dict[str, str]] | None = None) -> PartitionErrors:  # fmt: skip
-        configs = topic_configs or {}
-        for tp in self.core.missing_logs(request.controller_epoch, request.partitions):
-            self.get_or_create_log(tp, configs.get(tp[0]))
-        min_isr = {topic: int(config.get("min.insync.replicas", self.config.min_insync_replicas))
-                   for topic, config in configs.items() if config}  # fmt: skip
-        ready = self.core.become_leader_or_follower(request.controller_epoch, request.partitions,
-                                                    self.now_ms(), min_isr)  # fmt: skip
-        self.execute(ready)
-        return self._partition_errors(ready.response)
+                                  topic_configs: dict[str, TopicConfig] | None = None) -> PartitionErrors:  # fmt: skip
+        return self._partition_errors(self.lead_or_follow(request.controller_epoch,
+                                                          request.partitions, topic_configs))  # fmt: skip
 
     def stop_replicas(self, request: StopReplicaRequest) -> PartitionErrors:
-        ready = self.core.stop_replicas(request.controller_epoch, request.partitions,
-                                        request.delete_partitions, self.now_ms())  # fmt: skip
-        self.execute(ready)
-        return self._partition_errors(ready.response)
+        return self._partition_errors(self.stop(request.controller_epoch, request.partitions,
+                                                request.delete_partitions))  # fmt: skip
 
     @staticmethod
     def _partition_errors(result: r.LeaderAndIsrResult) -> PartitionErrors:
@@ -230,11 +160,14 @@ class ReplicaManager:
         started = loop.time()
         appended = []
         for tp, records in entries:
-            response, info, future = self._append_to_leader(tp, records, acks, timeout_ms)
+            future = loop.create_future()
+            result = self.append_to_leader(tp, records, acks, timeout_ms, lambda _, f=future: f)
+            response = ProducePartitionResponse(tp[1], result.error, result.first_offset, -1,
+                                                result.log_start_offset, error_message=result.message)  # fmt: skip
             responses.append(response)
-            if info is not None:
-                appended.append((response, info))
-            if future is not None:
+            if result.appended is not None:
+                appended.append((response, result.appended))
+            if result.waiting:
                 waiting[future] = response
         if waiting:
             await asyncio.wait(list(waiting))
@@ -251,56 +184,18 @@ class ReplicaManager:
         """The group coordinator's acks=all append, done before this returns (so appends keep
         their order): the response (an error, or the base offset) and the future that the
         commit is answered on (its result an error code), None when already committed."""
-        response, _info, future = self._append_to_leader(tp, records, -1, timeout_ms)
-        return response, future
-
-    def _append_to_leader(self, tp: TopicPartition, records, acks: int, timeout_ms: int):
-        """(response, AppendInfo or None, the future a parked produce is answered on or None)."""
-        partition = tp[1]
-        append = self.core.prepare_leader_append(tp, acks, records)
-        if isinstance(append, r.ProduceAnswer):
-            return ProducePartitionResponse(partition, append.error,
-                                            error_message=append.message), None, None  # fmt: skip
-        lg = self.log_manager.logs[tp]
-        try:
-            info = self.log_manager.append_as_leader(tp, records, append.leader_epoch)
-        except CorruptRecordError as e:
-            log.info("rejected a corrupt batch for %s-%d: %s", *tp, e)
-            return ProducePartitionResponse(partition, ErrorCode.corrupt_message,
-                                            error_message=str(e)), None, None  # fmt: skip
-        except RecordBatchTooLargeError as e:
-            return ProducePartitionResponse(partition, ErrorCode.message_too_large,
-                                            error_message=str(e)), None, None  # fmt: skip
-        except LogDirectoryFullError as e:
-            return ProducePartitionResponse(partition, ErrorCode.kafka_storage_error,
-                                            error_message=str(e)), None, None  # fmt: skip
-        if isinstance(info, RejectedAppend):
-            return ProducePartitionResponse(partition, info.error_code,
-                                            error_message=info.message), None, None  # fmt: skip
-        appended = None if isinstance(info, DuplicateBatch) else info
-        if appended is None:
-            # A retry of one of the producer's last 5 batches: nothing appended, answered with
-            # the offsets it got the first time (with acks=all once those are committed).
-            log.debug("%s-%d: producer %d resent the batch at %d; answered as a duplicate",
-                      *tp, info.producer_id, info.first_offset)  # fmt: skip
-        response = ProducePartitionResponse(partition, ErrorCode.none, info.first_offset, -1,
-                                            lg.log_start_offset)  # fmt: skip
         future = asyncio.get_running_loop().create_future()
-        ready = self.core.on_leader_appended(append, acks, info.last_offset, future,
-                                             self.now_ms() + max(timeout_ms, 0))  # fmt: skip
-        self.execute(ready)
-        if ready.response is None:
-            return response, appended, future
-        response.error_code = ready.response.error
-        response.error_message = ready.response.message
-        return response, appended, None
+        result = self.append_to_leader(tp, records, -1, timeout_ms, lambda _, f=future: f)
+        response = ProducePartitionResponse(tp[1], result.error, result.first_offset, -1,
+                                            result.log_start_offset, error_message=result.message)  # fmt: skip
+        return response, (future if result.waiting else None)
 
     # -- ISR ----------------------------------------------------------------------------------
 
     def maybe_shrink_isr(self) -> None:
         self.execute(self.core.maybe_shrink_isr(self.now_ms()))
 
-    def _write_isr(self, update: IsrUpdate) -> None:
+    def write_isr(self, update: IsrUpdate) -> None:
         if self.isr_writer is None:
             return
         task = asyncio.get_running_loop().create_task(self._apply_isr_write(update))
@@ -343,36 +238,18 @@ class ReplicaManager:
         for topic, partitions in request.topics:
             results = []
             for p in partitions:
-                r_ = self._read_partition((topic, p.partition), p.fetch_offset,
-                                          min(p.partition_max_bytes, budget), follower,
-                                          p.current_leader_epoch, first=(total == 0))  # fmt: skip
-                errors |= r_.error_code != ErrorCode.none
-                size = r_.records_size
+                read = self.read_partition((topic, p.partition), p.fetch_offset,
+                                           min(p.partition_max_bytes, budget), follower,
+                                           p.current_leader_epoch, first=(total == 0))  # fmt: skip
+                errors |= read.error != ErrorCode.none
+                size = read.size
                 total += size
                 budget = max(budget - size, 0)
-                results.append(r_)
+                results.append(FetchPartitionResponse(p.partition, read.error, read.high_watermark,
+                                                      read.high_watermark, read.log_start_offset,
+                                                      records=list(read.records)))  # fmt: skip
             out.append((topic, results))
         return out, total, errors
-
-    def _read_partition(self, tp, fetch_offset, max_bytes, follower: bool, current_leader_epoch,
-                        first: bool) -> FetchPartitionResponse:  # fmt: skip
-        error, hosted = self.core.leader_for(tp, current_leader_epoch)
-        if hosted is None:
-            return FetchPartitionResponse(tp[1], error)
-        state, lg = hosted.state, self.log_manager.logs[tp]
-        response = FetchPartitionResponse(tp[1], ErrorCode.none, state.high_watermark,
-                                          state.high_watermark, lg.log_start_offset)  # fmt: skip
-        if max_bytes <= 0 and not first:
-            return response
-        try:
-            result = lg.read(fetch_offset, max(max_bytes, 1),
-                             max_offset=None if follower else state.high_watermark,
-                             min_one_batch=first)  # fmt: skip
-        except OffsetOutOfRangeError:
-            response.error_code = ErrorCode.offset_out_of_range
-            return response
-        response.records = list(result.slices)
-        return response
 
     # -- offsets ------------------------------------------------------------------------------
 

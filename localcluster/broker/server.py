@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from localcluster import coord
+from localcluster.broker import state_change_log
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
 from localcluster.broker.group_apis import GroupApis
@@ -157,6 +158,9 @@ class BrokerServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         self.broker_dir.mkdir(parents=True, exist_ok=True)
+        state_change_log.open_file(
+            self.broker_dir / state_change_log.FILE_NAME, self.config.broker_id
+        )
         self.coord = await asyncio.to_thread(
             coord.connect, self.coordination,
             session_timeout_ms=self.config.zookeeper_session_timeout_ms)  # fmt: skip

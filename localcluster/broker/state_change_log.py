@@ -1,59 +1,96 @@
-"""The broker's log lines for the replica core's state changes (replication/ready.py).
+"""The broker's state-change log (Kafka's state-change.log): one JSON object per line for each
+state change of its replica core (replication/ready.py: leading, following, truncated, ISR
+changed, ...) and of the controller it runs (elected), with epochs and offsets as fields and
+the human-readable sentence (replication/state_changes.py) as `message`.
 
-One line per change, in the words `localcluster chaos` (tools/chaos_check.py) reads back:
-keep "leading ...", "following ..." and "follower ... truncated to" as they are.
+    {"time_ms": 1764590000123, "broker": 1, "event": "leading", "topic": "t", "partition": 0,
+     "leader_epoch": 3, "isr": [1, 2], "log_start_offset": 0, "log_end_offset": 42,
+     "high_watermark": 40, "message": "leading t-0 in epoch 3, ISR [1, 2], ..."}
+
+The file is `state-change.log` in the broker's directory once `open_file` is called (the
+broker server does); the sentence also goes to the broker's ordinary log. `localcluster chaos`
+(tools/chaos_check.py) reads the JSON back with `read_events`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import re
+import time
+from pathlib import Path
 
-from localcluster.replication import errors
-from localcluster.replication import ready as r
+from localcluster.replication.state_changes import describe
 
 log = logging.getLogger("localcluster.broker.replica_manager")
+_json_log = logging.getLogger("localcluster.state_change")
+_json_log.propagate = False  # JSON lines go to state-change.log only
+FILE_NAME = "state-change.log"
+_broker_id = -1
 
 
-def _name(error: int) -> str:
-    return errors.NAMES.get(error, str(error))
+def open_file(path: Path, broker_id: int) -> None:
+    """Append the JSON lines to `path` from now on (instead of any file before)."""
+    global _broker_id
+    close_file()
+    _broker_id = broker_id
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    _json_log.addHandler(handler)
+    _json_log.setLevel(logging.INFO)
 
 
-_LINES = {
-    r.Leading: lambda c: (logging.INFO, "leading %s-%d in epoch %d, ISR %s, offsets [%d, %d), HW %d",
-                          *c.tp, c.leader_epoch, list(c.isr), c.log_start_offset,
-                          c.log_end_offset, c.high_watermark),
-    r.Following: lambda c: (logging.INFO, "following %s-%d: leader %d in epoch %d, offsets [%d, %d), "
-                            "HW %d", *c.tp, c.leader, c.leader_epoch, c.log_start_offset,
-                            c.log_end_offset, c.high_watermark),
-    r.Truncated: lambda c: (logging.INFO, "follower %s-%d truncated to %d (log end was %d)", *c.tp,
-                            c.log_end_offset, c.previous_end_offset),
-    r.StartingOver: lambda c: (logging.WARNING, "%s-%d: leader %d's log starts at %d, past our end "
-                               "%d; starting over", *c.tp, c.leader, c.offset, c.previous_end_offset),
-    r.EpochAnswered: lambda c: (logging.DEBUG, "%s-%d: leader %d: epoch %d ends at %d (asked about "
-                                "%d); cut at %d", *c.tp, c.leader, c.leader_epoch, c.end_offset,
-                                c.asked_epoch, c.cut_at),
-    r.TruncationDone: lambda c: (logging.INFO, "%s-%d: truncation against leader %d done, fetching "
-                                 "from %d", *c.tp, c.leader, c.log_end_offset),
-    r.OutOfRange: lambda c: (logging.WARNING, "%s-%d: fetch offset outside leader %d's log; asking "
-                             "where it ends", *c.tp, c.leader),
-    r.LeaderError: lambda c: (logging.INFO, "%s-%d: leader %d answered %s with %s; backing off",
-                              *c.tp, c.leader, c.request, _name(c.error)),
-    r.AppendFailed: lambda c: (logging.WARNING, "%s-%d: fetched batches not appended (%s); "
-                               "backing off", *c.tp, c.reason),
-    r.IsrProposed: lambda c: (logging.INFO, "%s-%d: ISR %s -> %s (%s)", c.update.topic,
-                              c.update.partition, list(c.isr), list(c.update.isr), c.update.reason),
-    r.IsrChanged: lambda c: (logging.INFO, "%s-%d: ISR %s written", *c.tp, list(c.isr)),
-    r.Stopped: lambda c: (logging.INFO, "stopped replica %s-%d%s", *c.tp,
-                          " and deleted its log" if c.deleted else ""),
-    r.LeaderAndIsrRejected: lambda c: (logging.WARNING, "rejected LeaderAndIsr in controller epoch "
-                                       "%d: controller epoch %d is current", c.controller_epoch,
-                                       c.current_controller_epoch),
-    r.PartitionStateIgnored: lambda c: (logging.INFO, "ignoring LeaderAndIsr for %s-%d in leader "
-                                        "epoch %d: epoch %d is current", *c.tp, c.leader_epoch,
-                                        c.current_leader_epoch),
-}  # fmt: skip
+def close_file() -> None:
+    for handler in list(_json_log.handlers):
+        _json_log.removeHandler(handler)
+        handler.close()
+
+
+def event_name(change) -> str:
+    """Leading -> "leading", IsrChanged -> "isr_changed"."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(change).__name__).lower()
+
+
+def fields(change) -> dict:
+    """The change's fields as JSON values; a topic partition as topic and partition."""
+    out = {}
+    for f in dataclasses.fields(change):
+        value = getattr(change, f.name)
+        if f.name == "tp":
+            out["topic"], out["partition"] = value
+        elif dataclasses.is_dataclass(value):
+            out[f.name] = dataclasses.asdict(value)
+        else:
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def write_event(event: str, values: dict, message: str) -> None:
+    if _json_log.handlers:
+        record = {"time_ms": int(time.time() * 1000), "broker": _broker_id, "event": event,
+                  **values, "message": message}  # fmt: skip
+        _json_log.info("%s", json.dumps(record, separators=(", ", ": ")))
 
 
 def log_state_change(change) -> None:
-    level, message, *args = _LINES[type(change)](change)
-    log.log(level, message, *args)
+    level, message = describe(change)
+    log.log(level, "%s", message)
+    write_event(event_name(change), fields(change), message)
+
+
+def read_events(path: Path) -> list[dict]:
+    """The JSON lines of a state-change log; a torn or foreign line is skipped."""
+    out = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "event" in record:
+            out.append(record)
+    return out

@@ -161,8 +161,8 @@ def produce_command(topic, num_records, record_size, throughput, acks, config, c
                     replication_factor, cluster_dir, as_json):  # fmt: skip
     """Produce N records of B bytes and report records/s, MB/s and per-record latency.
 
-    Latency is from the send call to the acknowledgement (kafka-producer-perf-test's); without
-    --throughput the producer's buffer fills and latency includes the wait in it.
+    Runs the benchmarks' load engine (our client: prebuilt batches of about 64 KiB). Latency
+    is from when a record's batch was due (at full speed: sent) to its acknowledgement.
     """
     _check_config(client, acks, config)
     result = _run(f"produce {topic}", num_records, lambda progress: produce(
@@ -173,6 +173,8 @@ def produce_command(topic, num_records, record_size, throughput, acks, config, c
         f"{result['records_per_s']:.1f} records/s ({result['mb_per_s']:.2f} MB/s) over {result['elapsed_s']:.2f} s "
         f"({client} client, acks={result['acks']}, {result['partitions']} partitions, RF {result['replication_factor']})",
         _latency_line("latency", result["latency_ms"]),
+        *([f"the client is the bottleneck: a load process used {result['client_cpu_cores']:.2f} cores"]
+          if result["client_bound"] else []),
     ])  # fmt: skip
 
 

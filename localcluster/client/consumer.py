@@ -12,8 +12,9 @@ the records of whichever answers first, up to `max.poll.records`.
 A fetch response may end in a partial batch (the broker cuts at max bytes): complete batches
 are used and the rest is fetched again from the next offset. A batch that starts before the
 fetch position contributes only the records at or after it. Control batches (transaction
-markers) and offset gaps advance the position without records. Compressed batches are not
-decoded (no codec here): they raise KafkaError naming the codec.
+markers) and offset gaps advance the position without records. Compressed batches (gzip,
+snappy, lz4, zstd) are decoded by storage/compression.py; one that does not decode is a
+CORRUPT_MESSAGE error from `poll`, naming the codec and the batch.
 
 Positions move when `poll` returns records. A seek discards buffered records and the answers
 of in-flight fetches for the old position. OFFSET_OUT_OF_RANGE resets the position by policy,
@@ -51,7 +52,6 @@ from localcluster.protocol import fetch, messages
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
 from localcluster.storage.record_batch import (
-    COMPRESSION_NAMES,
     TIMESTAMP_TYPE_MASK,
     iter_batches,
     iter_records,
@@ -131,10 +131,6 @@ def parse_records(tp: TopicPartition, data, fetch_offset: int, check_crcs: bool 
         next_offset = header.next_offset
         if header.is_control or header.next_offset <= fetch_offset:
             continue
-        if header.compression:
-            codec = COMPRESSION_NAMES.get(header.compression, header.compression)
-            raise KafkaError(f"{topic}-{partition}: batch at offset {header.base_offset} is "
-                             f"compressed with {codec}, which this client does not decode")  # fmt: skip
         timestamp_type = 1 if header.attributes & TIMESTAMP_TYPE_MASK else 0
         for r in iter_records(view[position:end]):
             if r.offset < fetch_offset:

@@ -24,6 +24,10 @@ a log line, as it does when the broker does not offer InitProducerId. With
 `enable.idempotence=false` a retried batch may land after a later batch of the same partition
 that was in flight at the same time, and a retry after a lost answer may write a batch twice.
 
+`compression.type` (none, gzip, snappy, lz4, zstd; Kafka's names) compresses each batch's
+records when it is first drained, through storage/compression.py; `batch.size` counts records
+uncompressed. Prebuilt batches (`send_batch` bytes) go out with the compression they carry.
+
 Bounds: `buffer.memory` bytes of unsent records (send waits up to `max.block.ms` for room),
 the in-flight limit per broker (and 5 unresolved batches per partition with idempotence), and
 `delivery.timeout.ms` per batch. `Producer` is the synchronous facade (an event loop in a
@@ -69,6 +73,7 @@ from localcluster.client.metadata import Cluster, TopicPartition
 from localcluster.protocol import messages, produce
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
+from localcluster.storage import compression
 from localcluster.storage.record_batch import (
     HEADER_SIZE,
     BatchSpec,
@@ -95,6 +100,7 @@ DEFAULTS = {
     "reconnect.backoff.ms": 50,
     "allow.auto.create.topics": True,
     "enable.idempotence": True,  # Kafka's default since 3.0 (KIP-679)
+    "compression.type": "none",
     **SECURITY_DEFAULTS,
 }
 
@@ -169,13 +175,15 @@ class ProducerBatch:
     base_sequence: int = NO_SEQUENCE
     sequence_reset: bool = False  # numbered again after an epoch bump
     stamped: tuple[int, int, int] = (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE)
+    attributes: int = 0  # the codec records are compressed with when first encoded
 
     def encoded(self) -> bytes | bytearray:
         state = (self.producer_id, self.producer_epoch, self.base_sequence)
         if self.raw is None:
             self.raw = encode_batch(self.records, BatchSpec(producer_id=self.producer_id,
                                                             producer_epoch=self.producer_epoch,
-                                                            base_sequence=self.base_sequence))  # fmt: skip
+                                                            base_sequence=self.base_sequence,
+                                                            attributes=self.attributes))  # fmt: skip
             self.records = []
         elif state != self.stamped:  # a prebuilt batch, or numbered again: one CRC pass
             self.raw = stamp_producer_state(self.raw, *state)
@@ -213,6 +221,7 @@ class AsyncProducer:
         if self.acks not in (0, 1, -1):
             raise ValueError(f"acks={acks!r}: use 0, 1, -1 or 'all'")
         c = self.config
+        self._codec = compression.codec_id(c["compression.type"])
         # None: not idempotent (enable.idempotence=false, turned off, or the broker lacks it).
         self._idempotence_explicit = explicit
         self._idempotence = Idempotence() if idempotence_enabled(c, self.acks, explicit) else None
@@ -387,7 +396,7 @@ class AsyncProducer:
         raw = (
             records
             if isinstance(records, bytes | bytearray | memoryview)
-            else encode_batch(records)
+            else encode_batch(records, BatchSpec(attributes=self._codec))
         )
         header = validate_batch(raw, 0, check_crc=False)
         self._waiting_sends += 1
@@ -486,6 +495,7 @@ class AsyncProducer:
             tp, next(self._order), now, now + self.config["delivery.timeout.ms"] / 1000
         )
         batch.done = loop.create_future()
+        batch.attributes = self._codec
         queue = self._queues.get(tp)
         if queue is None:
             queue = self._queues[tp] = collections.deque()

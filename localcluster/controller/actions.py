@@ -212,9 +212,11 @@ class ReplyControlledShutdown:
 
 @dataclass(frozen=True, slots=True)
 class Note:
-    """One line for the controller's event log: a change of leadership, ISR or membership."""
+    """One line for the controller's event log: a change of leadership, ISR or membership.
+    `event` (a name and JSON fields) also goes to the state-change log, as "elected" does."""
 
     line: str
+    event: tuple[str, dict] | None = None
 
 
 @dataclass(frozen=True, slots=True)

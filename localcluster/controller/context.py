@@ -16,6 +16,7 @@ from localcluster.controller.state_machines import (
     replica_states,
 )
 from localcluster.metadata_types import BrokerRegistration, LeaderAndIsr, TopicPartition
+from localcluster.topic_config import unclean_leader_election
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,7 @@ class ControllerContext:
         return sorted(tp for tp, lead in self.leadership.items() if lead.state.leader == broker_id)
 
     def unclean_enabled(self, tp: TopicPartition, default: bool) -> bool:
-        value = self.topic_configs.get(tp[0], {}).get("unclean.leader.election.enable")
-        return default if value is None else value.lower() == "true"
+        return unclean_leader_election(self.topic_configs.get(tp[0]), default)
 
     def move_partition(self, tp: TopicPartition, target) -> bool:
         """Transition a partition; an illegal transition is logged and changes nothing."""

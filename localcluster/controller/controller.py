@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from localcluster.broker.state_change_log import write_event
 from localcluster.controller import actions as act
 from localcluster.controller import events as ev
 from localcluster.controller.channel import ControllerChannelManager
@@ -151,8 +152,10 @@ class KafkaController:
     async def _execute(self, actions: list[act.Action]) -> None:
         for action in actions:
             match action:
-                case act.Note(line=line):
+                case act.Note(line=line, event=event):
                     self.event(line)
+                    if event is not None:
+                        write_event(event[0], event[1], f"controller {self.broker_id}: {line}")
                 case act.SendLeaderAndIsr(broker_id=broker, request=request):
                     self.channel.send(
                         broker, ApiKey.LEADER_AND_ISR, cr.write_leader_and_isr(request)

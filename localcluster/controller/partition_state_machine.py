@@ -39,8 +39,8 @@ class PartitionStateMachine:
         self.notes = notes  # where event-log lines go (the core's pending actions)
         self.unclean_default = unclean_default
 
-    def note(self, line: str) -> None:
-        self.notes.append(act.Note(line))
+    def note(self, line: str, event: tuple[str, dict] | None = None) -> None:
+        self.notes.append(act.Note(line, event))
 
     # -- state changes ------------------------------------------------------------------------
 
@@ -100,7 +100,10 @@ class PartitionStateMachine:
             state = ctx.leadership[tp].state
             batch.add_leader_and_isr(tp, ctx.assignments[tp], is_new=True)
             self.note(f"{tp[0]}-{tp[1]}: leader {state.leader} elected (new partition), "
-                      f"ISR {list(state.isr)}")  # fmt: skip
+                      f"ISR {list(state.isr)}",
+                      ("elected", {"topic": tp[0], "partition": tp[1], "leader": state.leader,
+                                   "leader_epoch": state.leader_epoch, "isr": list(state.isr),
+                                   "election": "new partition", "unclean": False}))  # fmt: skip
         elected = yield from self.elect(found, Strategy.OFFLINE, batch)
         return created + elected
 
@@ -149,11 +152,13 @@ class PartitionStateMachine:
                  batch: RequestBatch) -> None:  # fmt: skip
         state = self.ctx.leadership[tp].state
         batch.add_leader_and_isr(tp, self.ctx.assignments[tp])
-        unclean = (
-            "" if state.leader in previous.isr else " UNCLEAN (not in the ISR: records may be lost)"
-        )
+        clean = state.leader in previous.isr
+        unclean = "" if clean else " UNCLEAN (not in the ISR: records may be lost)"
         self.note(f"{tp[0]}-{tp[1]}: leader {state.leader} elected ({strategy.value}) in epoch "
-                  f"{state.leader_epoch}, ISR {list(state.isr)}{unclean}")  # fmt: skip
+                  f"{state.leader_epoch}, ISR {list(state.isr)}{unclean}",
+                  ("elected", {"topic": tp[0], "partition": tp[1], "leader": state.leader,
+                               "leader_epoch": state.leader_epoch, "isr": list(state.isr),
+                               "election": strategy.value, "unclean": not clean}))  # fmt: skip
 
     def _decide(self, tp: TopicPartition, strategy: Strategy) -> tuple[int | None, tuple[int, ...]]:
         """The leader `strategy` elects (None: nobody qualifies) and the ISR it leads."""

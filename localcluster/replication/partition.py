@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localcluster.metadata_types import LeaderAndIsr
+
 
 class NotLeaderError(Exception):
     """This broker does not lead the partition (NOT_LEADER_OR_FOLLOWER)."""
@@ -37,6 +39,22 @@ class IsrUpdate:
     isr: tuple[int, ...]
     zk_version: int
     reason: str
+
+    def state(self, controller_epoch: int) -> LeaderAndIsr:
+        """The znode's new value (the controller epoch stays the one the znode holds)."""
+        return LeaderAndIsr(self.leader, self.leader_epoch, tuple(self.isr), controller_epoch)
+
+    def outcome(self, found: tuple[LeaderAndIsr, int] | None) -> tuple[bool, int | None]:
+        """What the znode's value and version after a failed (or unanswered) write say of it,
+        as `on_isr_update_*` take it: (True, version) it landed (the answer was lost), (False,
+        version) only the version moved (propose again with it), (False, None) fenced: another
+        leader or epoch is there."""
+        if found is None:
+            return False, None
+        current, version = found
+        if (current.leader, current.leader_epoch) != (self.leader, self.leader_epoch):
+            return False, None
+        return tuple(current.isr) == tuple(self.isr), version
 
 
 @dataclass(slots=True)

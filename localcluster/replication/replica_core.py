@@ -113,11 +113,20 @@ class ReplicaConfig:
         return max(self.replica_lag_time_max_ms // 2, 10)
 
 
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """A topic's settings the core enforces (from its TopicConfig)."""
+
+    min_insync_replicas: int
+    max_message_bytes: int
+
+
 @dataclass(slots=True)
 class HostedReplica:
     state: Partition
     log: ReplicaLog
     min_insync_replicas: int
+    max_message_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +206,9 @@ class ReplicaCore:
 
     def become_leader_or_follower(self, controller_epoch: int,
                                   partition_states: Iterable[PartitionStateLike], now_ms: int,
-                                  min_insync_replicas: Mapping[str, int] | None = None) -> Ready:  # fmt: skip
-        """`min_insync_replicas`: per-topic overrides of the broker's min.insync.replicas."""
+                                  topic_settings: Mapping[str, TopicSettings] | None = None) -> Ready:  # fmt: skip
+        """`topic_settings`: per topic, what overrides the broker's min.insync.replicas and
+        message.max.bytes."""
         ready = self._out()
         if controller_epoch < self.controller_epoch:
             ready.state_changes.append(
@@ -212,11 +222,11 @@ class ReplicaCore:
             tp = (state.topic, state.partition)
             error = self._applies(state)
             if error == errors.NONE:
-                min_isr = (min_insync_replicas or {}).get(state.topic)
+                settings = (topic_settings or {}).get(state.topic)
                 if state.leader == self.broker_id:
-                    self._make_leader(tp, state, min_isr, now_ms, ready)
+                    self._make_leader(tp, state, settings, now_ms, ready)
                 else:
-                    self._make_follower(tp, state, min_isr, ready)
+                    self._make_follower(tp, state, settings, ready)
             elif error == errors.STALE_CONTROLLER_EPOCH:
                 ready.state_changes.append(PartitionStateIgnored(
                     tp, state.leader_epoch, self.partitions[tp].state.leader_epoch))  # fmt: skip
@@ -233,22 +243,24 @@ class ReplicaCore:
             return errors.UNKNOWN_TOPIC_OR_PARTITION
         return errors.NONE
 
-    def _hosted(self, tp: TopicPartition, min_insync_replicas: int | None) -> HostedReplica:
+    def _hosted(self, tp: TopicPartition, settings: TopicSettings | None) -> HostedReplica:
         hosted = self.partitions.get(tp)
         if hosted is None:
             lg = self._logs[tp]  # missing_logs named it; the runtime opened it
             state = Partition.create(tp[0], tp[1], self.broker_id, lg.log_start_offset,
                                      lg.log_end_offset, self._checkpointed_hw.get(tp, 0))  # fmt: skip
-            hosted = HostedReplica(state, lg, self.config.min_insync_replicas)
+            hosted = HostedReplica(state, lg, self.config.min_insync_replicas,
+                                   self.config.message_max_bytes)  # fmt: skip
             self.partitions[tp] = hosted
-        if min_insync_replicas is not None:
-            hosted.min_insync_replicas = min_insync_replicas
+        if settings is not None:
+            hosted.min_insync_replicas = settings.min_insync_replicas
+            hosted.max_message_bytes = settings.max_message_bytes
         return hosted
 
     def _make_leader(
-        self, tp, state: PartitionStateLike, min_isr, now_ms: int, ready: Ready
+        self, tp, state: PartitionStateLike, settings, now_ms: int, ready: Ready
     ) -> None:
-        hosted = self._hosted(tp, min_isr)
+        hosted = self._hosted(tp, settings)
         self.fetch_sessions.remove_partition(tp, ready)
         lg, p = hosted.log, hosted.state
         if state.leader_epoch > lg.latest_epoch:
@@ -262,8 +274,8 @@ class ReplicaCore:
             self._high_watermark_moved(hosted, ready)
         ready.wake_fetches = True
 
-    def _make_follower(self, tp, state: PartitionStateLike, min_isr, ready: Ready) -> None:
-        hosted = self._hosted(tp, min_isr)
+    def _make_follower(self, tp, state: PartitionStateLike, settings, ready: Ready) -> None:
+        hosted = self._hosted(tp, settings)
         ready.produce_answers.extend(self.purgatory.on_leadership_lost(tp))
         lg, p = hosted.log, hosted.state
         p.make_follower(state.leader, state.leader_epoch, state.isr, state.replicas,
@@ -316,7 +328,7 @@ class ReplicaCore:
             return ProduceAnswer(errors.NOT_LEADER_OR_FOLLOWER)
         if records is None or not len(records):
             return ProduceAnswer(errors.CORRUPT_MESSAGE, "no records")
-        too_large = first_batch_over(records, self.config.message_max_bytes)
+        too_large = first_batch_over(records, hosted.max_message_bytes)
         if too_large is not None:
             return ProduceAnswer(errors.MESSAGE_TOO_LARGE, too_large)
         if acks == -1 and p.in_sync_count() < hosted.min_insync_replicas:

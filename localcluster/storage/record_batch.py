@@ -3,7 +3,8 @@
 The broker stores client batches verbatim. The only bytes it ever rewrites are baseOffset and
 partitionLeaderEpoch, which sit before the CRC's range (attributes .. end), so a rewritten batch
 keeps its client's CRC. Compressed batches are validated by header and CRC only; their records
-are never decoded by the broker.
+are never decoded by the broker. Readers (`iter_records`) decode every codec through
+storage/compression.py, and `encode_batch` compresses when the spec's attributes name a codec.
 
 Batch layout (big-endian):
     0  baseOffset int64         8  batchLength int32 (bytes after this field)
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
+from localcluster.storage import compression
+
 MAGIC = 2
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
@@ -33,7 +36,7 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
-COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+COMPRESSION_NAMES = compression.CODEC_NAMES
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
@@ -179,7 +182,8 @@ def encode_record(record: Record, offset_delta: int, timestamp_delta: int) -> by
 
 
 def encode_batch(records: Sequence[Record], spec: BatchSpec | None = None) -> bytes:
-    """An uncompressed v2 batch holding `records`, offsets relative to `spec.base_offset`."""
+    """A v2 batch holding `records`, offsets relative to `spec.base_offset`; its records are
+    compressed with the codec `spec.attributes` names (none by default)."""
     assert records, "a record batch holds at least one record"
     spec = spec or BatchSpec()
     base_ts = spec.base_timestamp
@@ -191,7 +195,9 @@ def encode_batch(records: Sequence[Record], spec: BatchSpec | None = None) -> by
         ts = base_ts if record.timestamp is None else record.timestamp
         max_ts = ts if max_ts is None else max(max_ts, ts)
         body += encode_record(record, delta, ts - base_ts)
-    return _assemble(spec, len(records) - 1, base_ts, max_ts, len(records), bytes(body))
+    codec = spec.attributes & COMPRESSION_MASK
+    payload = compression.compress(codec, body) if codec else bytes(body)
+    return _assemble(spec, len(records) - 1, base_ts, max_ts, len(records), payload)
 
 
 def encode_raw_batch(
@@ -310,41 +316,51 @@ def _cut_short(buf, position: int) -> bool:
 
 
 def iter_records(batch) -> Iterator[Record]:
-    """The records of one uncompressed batch with absolute offsets and timestamps."""
+    """The records of one batch, decompressed if need be, with absolute offsets and timestamps.
+
+    Raises CorruptRecordError for a batch that fails validation, a payload its codec refuses,
+    or records that do not parse or do not number recordsCount.
+    """
     header = validate_batch(batch, 0)
+    buf = memoryview(batch)[HEADER_SIZE : header.size]
     if header.compression:
-        raise CorruptRecordError(
-            f"batch at offset {header.base_offset} is compressed with "
-            f"{COMPRESSION_NAMES.get(header.compression, header.compression)}; "
-            "the broker does not decode compressed records"
-        )
-    buf = memoryview(batch)[: header.size]
-    pos = HEADER_SIZE
+        try:
+            buf = memoryview(compression.decompress(header.compression, buf))
+        except compression.CompressionError as e:
+            raise CorruptRecordError(f"batch at offset {header.base_offset}: {e}") from None
+    pos = 0
     for _ in range(header.records_count):
-        length, pos = _read_varint(buf, pos)
-        end = pos + length
-        if length < 0 or end > len(buf):
-            raise CorruptRecordError("record length runs past the end of the batch")
-        pos += 1  # attributes
-        ts_delta, pos = _read_varint(buf, pos)
-        offset_delta, pos = _read_varint(buf, pos)
-        key, pos = _read_bytes(buf, pos)
-        value, pos = _read_bytes(buf, pos)
-        count, pos = _read_varint(buf, pos)
-        headers = []
-        for _ in range(count):
-            name, pos = _read_bytes(buf, pos)
-            hvalue, pos = _read_bytes(buf, pos)
-            headers.append(((name or b"").decode(errors="replace"), hvalue))
-        if pos != end:
-            raise CorruptRecordError("record length does not match its fields")
-        yield Record(
-            value=value,
-            key=key,
-            headers=tuple(headers),
-            timestamp=header.base_timestamp + ts_delta,
-            offset=header.base_offset + offset_delta,
+        record, pos = _read_record(buf, pos, header)
+        yield record
+    if pos != len(buf):
+        raise CorruptRecordError(
+            f"batch at offset {header.base_offset}: {len(buf) - pos} bytes follow its "
+            f"{header.records_count} records"
         )
+
+
+def _read_record(buf, pos: int, header: BatchHeader) -> tuple[Record, int]:
+    length, pos = _read_varint(buf, pos)
+    end = pos + length
+    if length < 0 or end > len(buf):
+        raise CorruptRecordError("record length runs past the end of the batch")
+    pos += 1  # attributes
+    ts_delta, pos = _read_varint(buf, pos)
+    offset_delta, pos = _read_varint(buf, pos)
+    key, pos = _read_bytes(buf, pos)
+    value, pos = _read_bytes(buf, pos)
+    count, pos = _read_varint(buf, pos)
+    headers = []
+    for _ in range(count):
+        name, pos = _read_bytes(buf, pos)
+        hvalue, pos = _read_bytes(buf, pos)
+        headers.append(((name or b"").decode(errors="replace"), hvalue))
+    if pos != end:
+        raise CorruptRecordError("record length does not match its fields")
+    record = Record(value=value, key=key, headers=tuple(headers),
+                    timestamp=header.base_timestamp + ts_delta,
+                    offset=header.base_offset + offset_delta)  # fmt: skip
+    return record, end
 
 
 # -- in-place rewrites (outside the CRC's range) ----------------------------------------------

@@ -16,7 +16,10 @@ until it has registered again. Chained kills (the next leader) may take the coun
 brokers - 1: they are the deliberate double failure.
 
 Rules: every process started here is ended by pid or process group, never by name; the temp
-cluster dir is removed (`down --purge`). Waits have deadlines. The schedule's clock is a
+cluster dir is removed (`down --purge`). Waits have deadlines, and every loop here asks
+perf's ClusterWatch whether the cluster is still there: removed (`down --purge`, its dir
+deleted) or with no broker running for 5 s, the run gives up within seconds with a
+ClusterError (one line, exit 1) and restarts nothing. The schedule's clock is a
 monotonic one; the acknowledgements carry wall-clock ms to match the brokers' log lines.
 """
 
@@ -39,6 +42,7 @@ from pathlib import Path
 
 from localcluster import cluster
 from localcluster.tools import chaos_check
+from localcluster.tools.perf import ClusterWatch
 from localcluster.waiting import wait_until
 
 TARGETS = ("leader", "controller", "follower", "any", "supervisor")
@@ -184,16 +188,30 @@ class Load:
                 chaos_check.Ack(key, sequence, partition, offset, int(time.time() * 1000))
             )
 
-    def finish(self, timeout_s: float) -> None:
-        """Stop sending; wait for what is in flight (acknowledged or failed) up to timeout_s."""
+    def finish(self, timeout_s: float, check=None) -> None:
+        """Stop sending; wait for what is in flight (acknowledged or failed) up to timeout_s,
+        calling check() (which may raise to give up) every second of it."""
         self.stop_sending.set()
         self.thread.join(5)
         if self.producer is None:
             return
-        with contextlib.suppress(Exception):
-            self.producer.flush(timeout_s)
-        with contextlib.suppress(Exception):
-            self.producer.close(5)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    self.producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))
+                    return
+                except TimeoutError:
+                    pass
+                except Exception:  # noqa: BLE001 (a closed producer: nothing left to wait for)
+                    return
+                if check is not None:
+                    check()
+                if time.monotonic() >= deadline:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                self.producer.close(min(5.0, timeout_s))
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -221,6 +239,13 @@ class Engine:
     chains: list = field(default_factory=list)  # [partition, old leader, fault, give up at ms]
     _open_windows: dict = field(default_factory=dict)
     _zk: object = None
+    watch: object = None  # perf.ClusterWatch of the cluster; None: never give up
+
+    def check_cluster(self) -> None:
+        """Raise ClusterError when the cluster went away (see the module's rules)."""
+        problem = self.watch.problem() if self.watch is not None else None
+        if problem is not None:
+            raise cluster.ClusterError(problem)
 
     def now_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
@@ -375,6 +400,7 @@ class Engine:
         return reg is not None and cluster.is_broker_process(reg.pid, self.cluster_dir, broker)
 
     def spawn(self, broker: int, why: str = "") -> None:
+        self.check_cluster()  # never start a broker of a cluster that was removed
         if self.running(broker):
             self.down.pop(broker, None)
             self.record("restart", broker=broker, why="'already running'")
@@ -467,6 +493,7 @@ class Engine:
         while queue and self.now_ms() < end_ms + 60_000:
             self.update_starting()
             if time.monotonic() >= next_monitor:
+                self.check_cluster()
                 self.monitor()
                 self.reap()
                 next_monitor = time.monotonic() + MONITOR_EVERY_S
@@ -504,6 +531,7 @@ class Engine:
                 self._cont(broker)
         deadline = time.monotonic() + RECOVER_TIMEOUT_S
         while self.starting and time.monotonic() < deadline:
+            self.check_cluster()
             self.update_starting()
             time.sleep(0.02)
         if self.supervisor_down == "stopped":
@@ -532,6 +560,7 @@ class Engine:
         deadline = time.monotonic() + timeout_s
         stuck_at = time.monotonic() + stuck_after_s
         while True:
+            self.check_cluster()
             live = cluster.live_brokers(self.cluster_dir, self.spec)
             try:
                 regs = self.zk().live_brokers()
@@ -569,6 +598,7 @@ class Engine:
         where the leader's does. Returns what was still short at the deadline."""
         deadline = time.monotonic() + timeout_s
         while True:
+            self.check_cluster()
             short = []
             assignment = self.zk().assignment(self.topic).partitions
             for p in range(self.partitions):
@@ -702,6 +732,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         engine = Engine(cluster_dir, spec, topic, partitions,
                         max_down if max_down is not None else max(1, brokers - 1), say)  # fmt: skip
         engine.children = children
+        engine.watch = ClusterWatch(cluster_dir, spec)
         started_wall_ms = int(time.time() * 1000)
         load = Load(cluster_dir, topic, keys=2 * partitions, rate=rate, idempotence=idempotence)
         load.start()
@@ -712,7 +743,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         say(f"chaos: fault phase over after {fault_phase_s:.1f} s ({engine.cycles} cycles, "
             f"{engine.skipped} skipped); waiting for every broker")  # fmt: skip
         engine.wait_all_registered(RECOVER_TIMEOUT_S)
-        load.finish(RECOVER_TIMEOUT_S)
+        load.finish(RECOVER_TIMEOUT_S, engine.check_cluster)
         engine.close_windows()
         say(f"chaos: {load.sent} records sent, {len(load.acks)} acknowledged, {len(load.failed)} failed; "
             "waiting for full ISRs")  # fmt: skip
@@ -747,8 +778,9 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
             report["problems"].append(f"the producer thread failed: {load.error!r}")
         return report
     finally:
+        gone = engine is not None and engine.watch is not None and engine.watch.problem()
         if load is not None and not load.stop_sending.is_set():
-            load.finish(5)
+            load.finish(0.5 if gone else 5)  # a removed cluster acknowledges nothing more
         if engine is not None:
             with contextlib.suppress(Exception):
                 if not own_dir:

@@ -10,10 +10,10 @@ with full ISRs, it consumes every partition from its start to the high watermark
 - the consumed offsets are contiguous and increasing, from the log start to the HW;
 - every replica's log is byte-identical to the leader's below the HW (segment files read
   read-only with plain mmaps, never through Log.open, which would recover a live log);
-- no two brokers led a partition in the same leader epoch (the brokers' "leading T-P in
-  epoch E" log lines), and the batches' partitionLeaderEpoch never decreases along a log.
+- no two brokers led a partition in the same leader epoch (the "leading" events of the
+  brokers' state-change logs, JSON lines: broker/state_change_log.py), and the batches' partitionLeaderEpoch never decreases along a log.
 
-For each lost record it looks for the reason in the brokers' logs: the leader it was
+For each lost record it looks for the reason in the brokers' state-change logs: the leader it was
 acknowledged by, the first later leader whose log ended at or below its offset when elected,
 whether that election was unclean, and the truncations that cut it.
 
@@ -23,14 +23,13 @@ Rules: read-only. Nothing here writes to a broker's files or to the store.
 from __future__ import annotations
 
 import mmap
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from localcluster import cluster
+from localcluster.broker import state_change_log
 from localcluster.storage import record_batch as rb
 
 LOSS_EXAMPLES = 50  # lost records listed in full in a report; the count is always complete
@@ -98,23 +97,9 @@ def partition_dir(cluster_dir: Path, spec, broker_id: int, topic: str, partition
     return cluster.data_dir_of(cluster_dir, spec, broker_id) / f"{topic}-{partition}"
 
 
-# -- broker log lines ---------------------------------------------------------------------------
+# -- the brokers' state-change logs ----------------------------------------------------------------
 
-_STAMP = r"(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) broker-(?P<broker>\d+) \w+ [\w.]+: "
-LEADING = re.compile(_STAMP + r"leading (?P<topic>.+)-(?P<partition>\d+) in epoch (?P<epoch>\d+), "
-                     r"ISR \[(?P<isr>[\d, ]*)\], offsets \[(?P<start>\d+), (?P<end>\d+)\), HW (?P<hw>\d+)")  # fmt: skip
-ELECTED = re.compile(_STAMP + r"controller \d+: (?P<topic>.+)-(?P<partition>\d+): leader (?P<leader>-?\d+) "
-                     r"elected \((?P<election>\w+)\) in epoch (?P<epoch>\d+), ISR \[(?P<isr>[\d, ]*)\]"
-                     r"(?P<unclean> UNCLEAN)?")  # fmt: skip
-TRUNCATED = re.compile(
-    _STAMP + r"follower (?P<topic>.+)-(?P<partition>\d+) truncated to (?P<offset>\d+)"
-)
-FOLLOWING = re.compile(_STAMP + r"following (?P<topic>.+)-(?P<partition>\d+): leader (?P<leader>-?\d+) in "
-                       r"epoch (?P<epoch>\d+), offsets \[(?P<start>\d+), (?P<end>\d+)\), HW (?P<hw>\d+)")  # fmt: skip
-
-
-def _ms(stamp: str) -> int:
-    return int(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000)
+EVENT_KINDS = ("leading", "elected", "truncated", "following")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,32 +109,22 @@ class LogEvent:
     broker: int
     topic: str
     partition: int
-    fields: dict
+    fields: dict  # the JSON line (broker/state_change_log.py): leader_epoch, log_end_offset, ...
 
 
 def broker_log_events(
     cluster_dir: Path, broker_ids, topic: str, since_ms: int = 0
 ) -> list[LogEvent]:
-    """The leadership, election and truncation lines of every broker's log, by time."""
-    patterns = (("leading", LEADING), ("elected", ELECTED), ("truncated", TRUNCATED),
-                ("following", FOLLOWING))  # fmt: skip
+    """The leadership, election and truncation events of every broker's state-change log
+    (JSON lines; an elected line comes from the controller the broker ran), by time."""
     events = []
     for broker_id in broker_ids:
-        try:
-            text = cluster.log_file(cluster_dir, broker_id).read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if topic not in line:
-                continue
-            for kind, pattern in patterns:
-                m = pattern.search(line)
-                if m and m["topic"] == topic:
-                    ms = _ms(m["stamp"])
-                    if ms >= since_ms:
-                        events.append(LogEvent(kind, ms, int(m["broker"]), m["topic"], int(m["partition"]),
-                                               m.groupdict()))  # fmt: skip
-                    break
+        path = cluster.broker_dir(cluster_dir, broker_id) / state_change_log.FILE_NAME
+        for record in state_change_log.read_events(path):
+            if (record["event"] in EVENT_KINDS and record.get("topic") == topic
+                    and record.get("time_ms", 0) >= since_ms):  # fmt: skip
+                events.append(LogEvent(record["event"], record["time_ms"], record["broker"],
+                                       topic, int(record["partition"]), record))  # fmt: skip
     events.sort(key=lambda e: (e.ms, e.kind != "elected"))
     return events
 
@@ -263,7 +238,7 @@ def check_epochs(events: list[LogEvent]) -> list[str]:
     leaders = defaultdict(set)
     for e in events:
         if e.kind == "leading":
-            leaders[(e.partition, int(e.fields["epoch"]))].add(e.broker)
+            leaders[(e.partition, e.fields["leader_epoch"])].add(e.broker)
     return [f"{p}: brokers {sorted(b)} both led in epoch {epoch}"
             for (p, epoch), b in sorted(leaders.items()) if len(b) > 1]  # fmt: skip
 
@@ -274,25 +249,25 @@ def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) ->
     leading = [e for e in mine if e.kind == "leading"]
     before = [e for e in leading if e.ms <= ack.acked_ms]
     where = f"acknowledged at offset {ack.offset} of {topic}-{ack.partition}"
-    epoch = int(before[-1].fields["epoch"]) if before else None
+    epoch = before[-1].fields["leader_epoch"] if before else None
     if before:
         where += f" in epoch {epoch} (leader {before[-1].broker})"
     for e in leading:
-        if epoch is None or int(e.fields["epoch"]) <= epoch or e.ms < ack.acked_ms:
+        if epoch is None or e.fields["leader_epoch"] <= epoch or e.ms < ack.acked_ms:
             continue
-        end = int(e.fields["end"])
+        end = e.fields["log_end_offset"]
         if end > ack.offset:
             continue
-        new_epoch = int(e.fields["epoch"])
+        new_epoch = e.fields["leader_epoch"]
         reason = (f"{where}; the replica elected in epoch {new_epoch} (broker {e.broker}) did not "
                   f"have it: its log ended at {end}")  # fmt: skip
-        elected = [x for x in mine if x.kind == "elected" and int(x.fields["epoch"]) == new_epoch]
+        elected = [x for x in mine if x.kind == "elected" and x.fields["leader_epoch"] == new_epoch]
         if elected and elected[0].fields.get("unclean"):
             reason += " (an unclean election: it was not in the ISR)"
         cuts = [x for x in mine if x.kind == "truncated" and x.broker == e.broker
-                and int(x.fields["offset"]) <= ack.offset and ack.acked_ms <= x.ms <= e.ms]  # fmt: skip
+                and x.fields["log_end_offset"] <= ack.offset and ack.acked_ms <= x.ms <= e.ms]  # fmt: skip
         if cuts:
-            reason += f"; it had truncated to {cuts[-1].fields['offset']}" + (
+            reason += f"; it had truncated to {cuts[-1].fields['log_end_offset']}" + (
                 " (hw-truncation: a follower cuts to its own HW)"
                 if protocol == "hw-truncation"
                 else ""
@@ -301,19 +276,19 @@ def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) ->
     later = [
         e
         for e in leading
-        if e.ms >= ack.acked_ms and (epoch is None or int(e.fields["epoch"]) > epoch)
+        if e.ms >= ack.acked_ms and (epoch is None or e.fields["leader_epoch"] > epoch)
     ]
     for e in later:  # a leader whose log reached past the offset, but with other records there
-        new_epoch = int(e.fields["epoch"])
-        elected = [x for x in mine if x.kind == "elected" and int(x.fields["epoch"]) == new_epoch]
+        new_epoch = e.fields["leader_epoch"]
+        elected = [x for x in mine if x.kind == "elected" and x.fields["leader_epoch"] == new_epoch]
         if elected and elected[0].fields.get("unclean"):
             return (f"{where}; the replica elected in epoch {new_epoch} (broker {e.broker}) in an unclean "
                     f"election (not in the ISR) held other records at that offset (its log ended at "
-                    f"{e.fields['end']}); the others truncated to its log")  # fmt: skip
+                    f"{e.fields['log_end_offset']}); the others truncated to its log")  # fmt: skip
         cuts = [x for x in mine if x.kind == "truncated" and x.broker == e.broker
-                and int(x.fields["offset"]) <= ack.offset and ack.acked_ms <= x.ms <= e.ms]  # fmt: skip
+                and x.fields["log_end_offset"] <= ack.offset and ack.acked_ms <= x.ms <= e.ms]  # fmt: skip
         if cuts:
-            return (f"{where}; broker {e.broker} truncated to {cuts[-1].fields['offset']} and then led in "
+            return (f"{where}; broker {e.broker} truncated to {cuts[-1].fields['log_end_offset']} and then led in "
                     f"epoch {new_epoch} with other records at that offset")  # fmt: skip
     return f"{where}; no later leader's log ended below it (no election in the brokers' logs explains it)"
 

@@ -7,11 +7,13 @@ the first invalid batch and whether only preallocated zeros follow it.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from localcluster.group import describe_record
 from localcluster.storage import record_batch as rb
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
@@ -33,8 +35,10 @@ def dump(directory: Path, show_records: bool = False, limit: int = 50) -> int:
     except CheckpointError as e:
         console.print(f"[red]{e}[/red]")
     status = 0
+    # __consumer_offsets holds the group coordinator's records: show them as Kafka's tool does
+    show = _show_group_record if directory.name.startswith("__consumer_offsets-") else _show
     for path in segments:
-        status |= _dump_segment(console, path, show_records, limit)
+        status |= _dump_segment(console, path, show_records, limit, show)
     return status
 
 
@@ -46,19 +50,18 @@ def _producer_columns(header: rb.BatchHeader) -> tuple[str, str, str]:
     return str(header.producer_id), str(header.producer_epoch), f"{header.base_sequence}-{last}"
 
 
-def _add_batch(table: Table, mm, position: int, header: rb.BatchHeader, show_records: bool) -> None:
+def _add_batch(table: Table, mm, position: int, header: rb.BatchHeader, show_records: bool,
+               show: Callable[[rb.Record], str]) -> None:  # fmt: skip
     table.add_row(str(header.base_offset), str(header.last_offset), str(header.records_count),
                   str(position), str(header.size), str(header.partition_leader_epoch),
                   str(header.max_timestamp), rb.COMPRESSION_NAMES.get(header.compression, "?"),
                   *_producer_columns(header))  # fmt: skip
-    if show_records and not header.compression:
-        with memoryview(mm)[position : position + header.size] as batch:
-            for record in rb.iter_records(batch):
-                table.add_row("", str(record.offset), "", "", "", "", str(record.timestamp),
-                              _show(record))  # fmt: skip
+    if show_records:
+        _add_records(table, mm, position, header, show)
 
 
-def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) -> int:
+def _dump_segment(console: Console, path: Path, show_records: bool, limit: int,
+                  show: Callable[[rb.Record], str]) -> int:  # fmt: skip
     size = path.stat().st_size
     table = Table(title=f"{path.name} ({size} bytes on disk)", title_justify="left")
     for column in ("base offset", "last offset", "count", "position", "size", "epoch",
@@ -73,7 +76,7 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) 
         try:
             for start, header in rb.iter_batches(mm):
                 if not limit or shown < limit:
-                    _add_batch(table, mm, start, header, show_records)
+                    _add_batch(table, mm, start, header, show_records, show)
                 shown += 1
                 position = start + header.size
         except rb.CorruptRecordError as e:
@@ -93,7 +96,25 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int) 
     return 0
 
 
+def _add_records(table: Table, mm, position: int, header: rb.BatchHeader,
+                 show: Callable[[rb.Record], str]) -> None:  # fmt: skip
+    """One row per record of the batch (decompressed if need be); a batch whose records do not
+    decode gets one row saying why, and the dump goes on."""
+    with memoryview(mm)[position : position + header.size] as batch:
+        try:
+            records = list(rb.iter_records(batch))
+        except rb.CorruptRecordError as e:
+            table.add_row("", "", "", "", "", "", "", f"[red]records unreadable: {e}[/red]")
+            return
+    for record in records:
+        table.add_row("", str(record.offset), "", "", "", "", str(record.timestamp), show(record))
+
+
 def _show(record: rb.Record) -> str:
     key = record.key.decode(errors="replace") if record.key is not None else "-"
     value = record.value.decode(errors="replace") if record.value is not None else "null"
     return f"{key}={value[:40]}"
+
+
+def _show_group_record(record: rb.Record) -> str:
+    return describe_record(record.key, record.value)

@@ -4,9 +4,13 @@ Three measurements, each a function that returns a plain result dict (JSON-ready
 document `--json` prints) so the bench modules can call them too:
 
 - `produce`: N records of B bytes as fast as possible or at a target rate (records/s), in the
-  spirit of kafka-producer-perf-test. Latency is per record, from the send call to the
-  acknowledgement, in an HdrHistogram (microsecond resolution). records/s and MB/s count
-  acknowledged records over the time from the first send to the last acknowledgement.
+  spirit of kafka-producer-perf-test, run by the benchmarks' engine (tools/load.py: two load
+  processes as bench.matrix; our client sends prebuilt batches of about 64 KiB with
+  `send_batch`, librdkafka one record at a time). Latency counts from when a batch or record was due (at full speed:
+  sent) to its acknowledgement, once per record, in the engine's HdrHistogram. records/s and
+  MB/s count acknowledged records from the first send to the last acknowledgement. The load
+  processes' CPU is reported: one near a core means the client, not the cluster, is the
+  bottleneck.
 - `e2e`: the same load, each value carrying its send time (wall-clock ns) and sequence number;
   a consumer assigned to every partition of the topic measures receive time - send time. Every
   acknowledged record must arrive (missing and duplicated records are counted).
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 import random
 import signal
@@ -40,9 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localcluster import cluster
+from localcluster.tools.load import Latency, LoadPool, Pacer
 
-PERCENTILES = (50.0, 95.0, 99.0, 99.9)
-HISTOGRAM_MAX_US = 3_600_000_000  # one hour: anything longer is clamped (and the run is broken)
 FLUSH_TIMEOUT_S = 120.0
 STOPPED_FLUSH_TIMEOUT_S = 1.0
 E2E_DRAIN_TIMEOUT_S = 30.0
@@ -55,64 +59,16 @@ FAILOVER_DEFAULT_CONFIG = {"linger.ms": 1, "retry.backoff.ms": 20, "request.time
                            "delivery.timeout.ms": 300_000, "max.block.ms": 300_000}  # fmt: skip
 CLIENTS = ("own", "confluent")
 TARGETS = ("leader", "controller")
+PRODUCE_PROCESSES = (
+    2  # load processes of `perf produce`, as bench.matrix: twice the requests in flight
+)
+PRODUCE_OUTSTANDING = 16  # our client's batches in flight, as bench.matrix's cells
+CLIENT_BOUND_CORES = 0.9  # a load process this busy is the bottleneck
 
 Progress = Callable[[int], None]  # completed records (or kills) so far
 
 
 # -- latency ------------------------------------------------------------------------------------
-
-
-class Latency:
-    """An HdrHistogram of microseconds, summarised in milliseconds. Samples are buffered and
-    folded in as (value, count) pairs: recording one costs a list append on the hot path."""
-
-    FOLD_EVERY = 65_536
-
-    def __init__(self) -> None:
-        from hdrh.histogram import HdrHistogram
-
-        self.histogram = HdrHistogram(1, HISTOGRAM_MAX_US, 3)
-        self._pending: list[int] = []
-
-    def record_ns(self, nanoseconds: int) -> None:
-        self._pending.append(nanoseconds)
-        if len(self._pending) >= self.FOLD_EVERY:
-            self.fold()
-
-    def fold(self) -> None:
-        import numpy as np
-
-        if not self._pending:
-            return
-        micros = np.clip(np.asarray(self._pending, dtype=np.int64) // 1000, 1, HISTOGRAM_MAX_US)
-        self._pending.clear()
-        values, counts = np.unique(micros, return_counts=True)
-        for value, count in zip(values.tolist(), counts.tolist(), strict=True):
-            self.histogram.record_value(value, count)
-
-    def summary(self) -> dict:
-        self.fold()
-        h = self.histogram
-        count = h.get_total_count()
-        out = {"count": count}
-        if not count:
-            return {
-                **out,
-                "mean": None,
-                "min": None,
-                **{_pname(p): None for p in PERCENTILES},
-                "max": None,
-            }
-        out["mean"] = round(h.get_mean_value() / 1000, 3)
-        out["min"] = round(h.get_min_value() / 1000, 3)
-        for p in PERCENTILES:
-            out[_pname(p)] = h.get_value_at_percentile(p) / 1000
-        out["max"] = h.get_max_value() / 1000
-        return out
-
-
-def _pname(p: float) -> str:
-    return f"p{p:g}"  # p50, p95, p99, p99.9
 
 
 def latency_of(values_ms) -> dict:
@@ -250,6 +206,7 @@ async def run_own(load: Load, target: Target, config: dict) -> None:
 
     producer = AsyncProducer(dict(config), **target.client_kwargs())
     await producer.start()
+    pacer = Pacer(asyncio.get_running_loop())
     try:
         load.started_ns = time.perf_counter_ns()
         for sequence in range(load.num_records):
@@ -258,7 +215,7 @@ async def run_own(load: Load, target: Target, config: dict) -> None:
             if load.throughput > 0:
                 ahead_ns = load.due_ns(sequence) - time.perf_counter_ns()
                 if ahead_ns > 0:
-                    await asyncio.sleep(ahead_ns / 1e9)  # pacing the load
+                    await pacer.until(time.monotonic() + ahead_ns / 1e9)  # pacing the load
             if sequence % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
             value = load.make_value(sequence)
@@ -321,19 +278,20 @@ CLUSTER_GONE_AFTER_S = 5.0  # no broker of the cluster alive this long: the run 
 
 
 class ClusterWatch:
-    """Notices that the cluster a run drives went away (`down`, `down --purge`, every broker
-    dead): a perf run must end with one line then, not wait out a delivery timeout."""
+    """Notices that the cluster a run drives went away (`down`, `down --purge`, its dir
+    deleted, every broker dead): a perf or chaos run must end with one line then, not wait out
+    a delivery timeout. `problem()` reads only the spec file and the pid files: call it often."""
 
-    def __init__(self, target: Target):
-        self.target = target
+    def __init__(self, cluster_dir: Path, spec: cluster.ClusterSpec):
+        self.cluster_dir, self.spec = cluster_dir, spec
         self.since_alive = time.monotonic()
 
     def problem(self) -> str | None:
-        directory = self.target.cluster_dir
+        directory = self.cluster_dir
         if not cluster.spec_path(directory).exists():
             return (f"the cluster in {directory} is gone (its {cluster.SPEC_FILE} was removed, "
                     "e.g. by `localcluster down --purge`); stopping")  # fmt: skip
-        if cluster.live_brokers(directory, self.target.spec):
+        if cluster.live_brokers(directory, self.spec):
             self.since_alive = time.monotonic()
         elif time.monotonic() - self.since_alive > CLUSTER_GONE_AFTER_S:
             return (f"no broker of the cluster in {directory} has run for "
@@ -350,7 +308,7 @@ async def drive(
         task = asyncio.ensure_future(run_own(load, target, config))
     else:
         task = asyncio.ensure_future(asyncio.to_thread(run_confluent, load, target, config))
-    watch = ClusterWatch(target)
+    watch = ClusterWatch(target.cluster_dir, target.spec)
     try:
         while not task.done():
             if progress is not None:
@@ -431,26 +389,67 @@ def produce(cluster_dir: Path | str | None, topic: str, num_records: int, record
             throughput: float = -1, acks: str = "all", config: dict[str, str] | None = None,
             client: str = "own", partitions: int | None = None, replication_factor: int | None = None,
             progress: Progress | None = None) -> dict:  # fmt: skip
-    """Produce `num_records` records of `record_size` bytes; the result document."""
+    """Produce `num_records` records of `record_size` bytes with the load engine; the result
+    document. Gives up with a ClusterError when the cluster goes away (ClusterWatch)."""
     assert client in CLIENTS and num_records > 0 and record_size >= 0
     settings = producer_config(client, acks, config)
     target = open_target(cluster_dir)
-    payload = _payload(record_size)
-    load = Load(topic, num_records, throughput, lambda sequence: payload)
+    infos = _run(ensure_topic(target, topic, partitions, replication_factor))
+    watch = ClusterWatch(target.cluster_dir, target.spec)
 
-    async def main():
-        infos = await ensure_topic(target, topic, partitions, replication_factor)
-        await drive(load, target, client, settings, progress)
-        return infos
+    def give_up() -> None:
+        problem = watch.problem()
+        if problem is not None:
+            raise cluster.ClusterError(problem)
 
-    infos = _run(main())
+    own_via_dir = client == "own" and "cluster_dir" in target.client_kwargs()
+    with _sigterm_as_interrupt(), LoadPool(PRODUCE_PROCESSES) as pool:
+        try:
+            r = pool.measure(client=client, bootstrap=target.tcp_bootstrap, topic=topic,
+                             partitions=[p.partition for p in infos], acks=settings["acks"],
+                             record_size=record_size, seconds=math.inf, rate=max(throughput, 0.0),
+                             outstanding=PRODUCE_OUTSTANDING, records=num_records,
+                             client_config={k: v for k, v in settings.items() if k != "acks"},
+                             cluster_dir=str(target.cluster_dir) if own_via_dir else None,
+                             per_record_latency=True, progress=progress, watch=give_up)  # fmt: skip
+        except RuntimeError as e:  # a load process failed or did not answer
+            raise cluster.ClusterError(str(e)) from None
+    if progress is not None:
+        progress(r["records"] + r["errors"])
+    elapsed_s = r["seconds"] if r["records"] else 0.0
+    client_cores = max(r["load_cores"].values(), default=0.0)
     out = {"command": "produce", "client": client, "topic": topic, "partitions": len(infos),
            "replication_factor": len(infos[0].replicas) if infos else None, "acks": settings["acks"],
            "record_size": record_size, "num_records": num_records, "target_throughput": throughput,
-           "producer_config": settings, **load.result()}  # fmt: skip
+           "producer_config": settings, "records_sent": r["sent"], "records_acked": r["records"],
+           "errors": r["errors"], "first_error": r["first_error"], "elapsed_s": round(elapsed_s, 4),
+           "records_per_s": round(r["records_per_s"], 1), "latency_ms": r["latency_ms"],
+           "batch_records": r["batch_records"], "load_processes": r["load_processes"],
+           "warmup_records": r["warmup_records"], "client_cpu_cores": round(client_cores, 3),
+           "client_bound": client_cores >= CLIENT_BOUND_CORES,
+           "machine_busy_cores": round(r["machine_busy_cores"], 3)}  # fmt: skip
     out["mb_per_s"] = round(out["records_per_s"] * record_size / 1e6, 3)
-    out["ok"] = load.errors == 0 and load.acked == num_records
+    out["ok"] = r["errors"] == 0 and r["records"] == num_records
     return out
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while the load runs (in the main thread), so the load
+    processes are killed on the way out as on Ctrl-C."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # -- perf e2e -----------------------------------------------------------------------------------

@@ -40,6 +40,17 @@ def test_walk_batches_notes_complete_batches_and_skips_control_and_partial():
     assert walk_batches(b"", 2, 556, out, positions) == 0 and positions == {2: 121}
 
 
+def test_walk_batches_counts_the_records_of_compressed_batches_by_header():
+    from bench.e2e import prebuilt_batch
+
+    data = b"".join(_at(prebuilt_batch(9, 10, codec), 9 * i)
+                    for i, codec in enumerate(["gzip", "snappy", "lz4", "zstd"]))  # fmt: skip
+    out = (array.array("i"), array.array("q"), array.array("q"), array.array("i"))
+    positions = {0: 0}
+    assert walk_batches(data, 0, 1, out, positions) == 4
+    assert list(out[1]) == [0, 9, 18, 27] and list(out[3]) == [9] * 4 and positions == {0: 36}
+
+
 @pytest.fixture(scope="module")
 def cluster():
     c = Cluster({"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false"})
@@ -72,3 +83,11 @@ def test_measure_e2e_every_acked_batch_is_consumed(cluster):
     assert r["consumer"]["fetch_max_wait_ms"] == 5 and r["consumer"]["fetches"] > 0
     assert r["consumer"]["reached_targets"] is True
     assert r["e2e_curve_ms"][-1] == (100.0, e2e["max"])
+
+
+def test_measure_e2e_with_compressed_batches(cluster):
+    r = measure_e2e(cluster.bootstrap, TOPIC, PARTITIONS, rate=10_000, seconds=0.5,
+                    compression="zstd")  # fmt: skip
+    assert r["errors"] == 0, r["first_error"]
+    assert r["config"]["compression"] == "zstd"
+    assert r["batches"] > 0 and r["missing_batches"] == 0 and r["duplicate_batches"] == 0

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from localcluster.tools.load import batch_records_for
 from tests.helpers import wait_until
 from tests.integration.cli_cluster import Cli, detached_cluster, one_line_error
 
@@ -56,6 +57,9 @@ def test_produce_own_client(cli):
         r["records_per_s"] * 100 / 1e6, rel=0.01
     )
     check_latency(r["latency_ms"], 3000)
+    # the benchmarks' engine: two processes of 1500 records each, in batches of up to 595
+    assert r["batch_records"] == batch_records_for(100) == 595 and r["load_processes"] == 2
+    assert r["client_cpu_cores"] >= 0 and r["client_bound"] in (True, False)  # 10 ms CPU ticks
 
 
 def test_produce_confluent_acks_1_existing_topic(cli):

@@ -1,12 +1,13 @@
-"""A simulated broker: the replica core the broker runtime drives (replication/replica_core.py),
-over the simulated network, real logs on disk and the simulator's clock.
+"""A simulated broker: the replica core (replication/replica_core.py) and the ReplicaHost around
+it (broker/replica_host.py: log actions, follower appends, a leader's append and reads, the
+logs a LeaderAndIsr opens, retention), the same the broker runtime drives, over the simulated
+network, real logs on disk and the simulator's clock.
 
-Every replication rule is the core's. This module is the simulator's runtime, as
-broker/replica_manager.py and replica_fetcher.py are the real one: it turns messages into core
-steps and carries out each Ready (log actions on the Log, requests and answers as messages,
-ISR writes to the simulated store), parks long-polling fetches, times requests out, and runs
-the broker's timers on ticks (HW checkpoint, flush, ISR shrink, retention, heartbeats). Its
-store client reads an ISR write back when the answer is lost, as broker/metadata.update_isr.
+Every replication rule is the core's, and every step between the core and the logs is the
+ReplicaHost's. What is left here is what the runtime's event loop and sockets do: requests and
+answers as messages, ISR writes to the simulated store (read back when the answer is lost, as
+broker/metadata.update_isr does), long-polling fetches parked, requests timed out, and the
+broker's timers run on ticks (HW checkpoint, flush, ISR shrink, retention, heartbeats).
 
 A `BrokerHost` is the network node: it outlives crashes. A crash drops the `SimBroker` (every
 in-memory object) without closing its logs (kill -9: what was written survives, as page cache
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localcluster.broker.log_manager import LogManager
-from localcluster.replication import errors
+from localcluster.broker.replica_host import ReplicaHost
 from localcluster.replication import ready as r
-from localcluster.replication.replica_core import ReplicaConfig, ReplicaCore, fetch_answerable
-from localcluster.storage import Log, LogConfig, OffsetOutOfRangeError, Record, encode_batch
+from localcluster.replication.replica_core import ReplicaConfig, fetch_answerable
+from localcluster.replication.state_changes import describe
+from localcluster.storage import LogConfig
 from tests.sim import network as m
 
 TopicPartition = tuple[str, int]
@@ -61,7 +63,7 @@ class SimConfig:
                              self.fetch_backoff_ms)  # fmt: skip
 
 
-def truncated(lg: Log) -> None:
+def truncated(lg) -> None:
     """Tell the invariant checker's cached view of `lg` to read it again."""
     lg.sim_truncations = getattr(lg, "sim_truncations", 0) + 1
 
@@ -84,45 +86,17 @@ class Pending:
     deadline_ms: int
 
 
-# How the simulator's trace shows the core's state changes (None: not shown).
-TRACE = {
-    r.Leading: lambda c: (f"leads {c.tp[0]}-{c.tp[1]} epoch {c.leader_epoch} isr {list(c.isr)} "
-                          f"leo {c.log_end_offset} hw {c.high_watermark}"),
-    r.Following: lambda c: (f"follows b{c.leader} for {c.tp[0]}-{c.tp[1]} epoch {c.leader_epoch} "
-                            f"leo {c.log_end_offset} hw {c.high_watermark}"),
-    r.Truncated: lambda c: (f"truncates {c.tp[0]}-{c.tp[1]} to {c.offset} "
-                            f"(leo was {c.previous_end_offset})"),
-    r.EpochAnswered: lambda c: (
-        f"{c.tp[0]}-{c.tp[1]}: asked b{c.leader} where epoch {c.asked_epoch} ends: epoch "
-        f"{c.leader_epoch} ends at {c.end_offset}; cut at {c.cut_at}"
-        + ("" if c.next_epoch is None else f", then ask about epoch {c.next_epoch}")),
-    r.OutOfRange: lambda c: (f"{c.tp[0]}-{c.tp[1]}: fetch offset out of leader b{c.leader}'s "
-                             "range; asking its log end"),
-    r.StartingOver: lambda c: (f"{c.tp[0]}-{c.tp[1]}: leader's log starts at {c.offset}, past "
-                               f"our end {c.previous_end_offset}: starting over"),
-    r.AppendFailed: lambda c: f"{c.tp[0]}-{c.tp[1]}: {c.reason}",
-    r.IsrProposed: lambda c: (f"proposes isr {list(c.update.isr)} for {c.update.topic}-"
-                              f"{c.update.partition} ({c.update.reason})"),
-    r.Stopped: lambda c: f"stopped replica {c.tp[0]}-{c.tp[1]}",
-    r.LeaderAndIsrRejected: lambda c: (f"rejects LeaderAndIsr of controller epoch "
-                                       f"{c.controller_epoch} (< {c.current_controller_epoch})"),
-}  # fmt: skip
-
-
-class SimBroker:
-    """One incarnation of a broker process."""
+class SimBroker(ReplicaHost):
+    """One incarnation of a broker process: the shared ReplicaHost with the simulator's hooks."""
 
     def __init__(self, broker_id: int, config: SimConfig, directory: Path, clock, send, trace,
                  observer, corr_base: int = 0):  # fmt: skip
-        self.broker_id = broker_id
-        self.config = config
-        self.directory = directory
-        self.clock = clock
-        self.send = send  # (dst, msg)
-        self.trace = trace
+        super().__init__(broker_id, config.replica_config(),
+                         LogManager(directory, directory, lambda _: config.log_config(),
+                                    clock.now_ms))  # fmt: skip
+        self.config, self.clock, self.send, self.trace = config, clock, send, trace
         self.observer = observer
-        self.core = ReplicaCore(broker_id, config.replica_config())
-        self.partitions = self.core.partitions  # what the invariant checker reads
+        self.logs = self.log_manager.logs  # what the invariant checker reads
         self.parked: list[ParkedFetch] = []
         self.pending: dict[int, Pending] = {}
         self.session = -1
@@ -130,70 +104,60 @@ class SimBroker:
         # process. Here they are unique across incarnations, and answers must come from where
         # the request went.
         self._corr = corr_base
-        now = clock.now_ms()
-        self.next_hw_checkpoint_ms = now + config.replica_high_watermark_checkpoint_interval_ms
-        self.next_flush_ms = now + config.log_flush_offset_checkpoint_interval_ms
-        self.next_shrink_ms = now + self.core.config.isr_shrink_interval_ms
-        self.next_retention_ms = now + config.log_retention_check_interval_ms
-        self.next_heartbeat_ms = now
+        self.timers = self._timers()
         self.open_logs()
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
 
-    # -- logs and checkpoints (broker/log_manager.py, as the runtime keeps them) --------------
+    def _timers(self) -> list[list]:
+        """[due ms, interval ms, job]: the broker's periodic work, as server.py runs it."""
+        c, now = self.config, self.now_ms()
+        jobs = [(c.replica_high_watermark_checkpoint_interval_ms, self.checkpoint_high_watermarks),
+                (c.log_flush_offset_checkpoint_interval_ms, self.log_manager.checkpoint_recovery_points),
+                (self.core.config.isr_shrink_interval_ms,
+                 lambda: self.execute(self.core.maybe_shrink_isr(self.now_ms()))),
+                (c.log_retention_check_interval_ms, self.retention_now),
+                (c.heartbeat_interval_ms, lambda: self.send("zk", m.Heartbeat(self.session)))]  # fmt: skip
+        return [[now + (interval if i < 4 else 0), interval, job]
+                for i, (interval, job) in enumerate(jobs)]  # fmt: skip
 
-    def open_logs(self) -> None:
-        self.log_manager = LogManager(self.directory, self.directory,
-                                      lambda _: self.config.log_config(), self.now_ms)  # fmt: skip
-        self.logs = self.log_manager.logs  # what the invariant checker reads
-        self.core.open_logs(self.logs, self.log_manager.open_logs())
+    # -- the Ready's hooks ------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Clean shutdown: flush, checkpoint, close every log."""
-        self.log_manager.close(self.core.checkpoint_high_watermarks())
+    def on_log_action(self, action) -> None:
+        if isinstance(action, (r.TruncateTo, r.TruncateFullyAndStartAt)):
+            truncated(self.logs[action.tp])
 
-    # -- carrying out a Ready -------------------------------------------------------------------
+    def on_state_change(self, change) -> None:
+        if isinstance(change, r.Leading):
+            self.observer.on_leader(self.broker_id, change.tp, change.leader_epoch)
+        self.trace(f"b{self.broker_id} {describe(change)[1]}")
 
-    def run(self, ready: r.Ready) -> None:
-        if ready is r.EMPTY:
-            return
-        for action in ready.log_actions:
-            if isinstance(action, (r.TruncateTo, r.TruncateFullyAndStartAt)):
-                truncated(self.logs[action.tp])
-            self.log_manager.apply(action)
-        for append in ready.follower_appends:
-            failure = self.log_manager.append_as_follower(append)
-            self.run(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
-                     if failure else
-                     self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
-        for change in ready.state_changes:
-            if isinstance(change, r.Leading):
-                self.observer.on_leader(self.broker_id, change.tp, change.leader_epoch)
-            if (describe := TRACE.get(type(change))) is not None:
-                self.trace(f"b{self.broker_id} {describe(change)}")
-        for update in ready.isr_writes:
-            self._request("zk", "isr", update, lambda corr, u=update: m.IsrWrite(corr, u))
-        for (src, corr, tp, base_offset), error in ready.produce_answers:
-            self.send(src, m.ProduceResponse(corr, tp, error, base_offset))
-        if ready.wake_fetches:
-            self.wake_parked()
-        for leader in sorted(ready.fetch_sessions):
-            self.run(self.core.poll_fetch_session(leader, self.now_ms()))
-        for plan in ready.requests:
+    def write_isr(self, update) -> None:
+        self._request("zk", "isr", update, lambda corr: m.IsrWrite(corr, update))
+
+    def answer_produce(self, key, error: int) -> None:
+        src, corr, tp, base_offset = key
+        self.send(src, m.ProduceResponse(corr, tp, error, base_offset))
+
+    def wake_fetches(self) -> None:
+        self.wake_parked()
+
+    def on_fetch_sessions(self, leaders, abandoned, requests) -> None:
+        for leader in sorted(leaders):
+            self.execute(self.core.poll_fetch_session(leader, self.now_ms()))
+        for plan in requests:
             self._send_to_leader(plan)
 
-    def next_corr(self) -> int:
-        self._corr += 1
-        return self._corr
+    # -- requests in flight -----------------------------------------------------------------------
 
     def _request(self, dst, kind: str, subject, make) -> None:
-        corr = self.next_corr()
+        self._corr += 1
         deadline = self.now_ms() + self.config.request_timeout_ms
         if isinstance(subject, r.FetchRequestPlan):
             deadline += self.config.replica_fetch_wait_max_ms
-        self.pending[corr] = Pending(kind, subject, dst, deadline)
-        self.send(dst, make(corr))
+        self.pending[self._corr] = Pending(kind, subject, dst, deadline)
+        self.send(dst, make(self._corr))
 
     def _send_to_leader(self, plan) -> None:
         me = self.broker_id
@@ -206,42 +170,24 @@ class SimBroker:
             make = lambda corr: m.ListOffsets(corr, me, plan.tp, plan.timestamp)  # noqa: E731
         self._request(plan.leader_id, "fetcher", plan, make)
 
-    # -- ticks ----------------------------------------------------------------------------------
-
     def tick(self) -> None:
         now = self.now_ms()
-        core, config = self.core, self.config
-        self.run(core.expire_produces(now))
+        super().tick(now)
         for corr, pending in list(self.pending.items()):
             if pending.deadline_ms <= now:
                 del self.pending[corr]
                 self._timed_out(pending)
         if self.parked:
             self.wake_parked(force_until=now)
-        for leader in core.fetch_session_leaders():
-            self.run(core.poll_fetch_session(leader, now))
-        if now >= self.next_hw_checkpoint_ms:
-            self.log_manager.write_high_watermarks(core.checkpoint_high_watermarks())
-            self.next_hw_checkpoint_ms = now + config.replica_high_watermark_checkpoint_interval_ms
-        if now >= self.next_flush_ms:
-            self.log_manager.checkpoint_recovery_points()
-            self.next_flush_ms = now + config.log_flush_offset_checkpoint_interval_ms
-        if now >= self.next_shrink_ms:
-            self.run(core.maybe_shrink_isr(now))
-            self.next_shrink_ms = now + core.config.isr_shrink_interval_ms
-        if now >= self.next_retention_ms:
-            self.retention()
-            self.next_retention_ms = now + config.log_retention_check_interval_ms
-        if now >= self.next_heartbeat_ms:
-            self.send("zk", m.Heartbeat(self.session))
-            self.next_heartbeat_ms = now + config.heartbeat_interval_ms
-        self.run(core.retry_isr_writes(now))
+        for leader in self.core.fetch_session_leaders():
+            self.execute(self.core.poll_fetch_session(leader, now))
+        for timer in self.timers:
+            if now >= timer[0]:
+                timer[2]()
+                timer[0] = now + timer[1]
 
-    def retention(self) -> None:
-        """server._retention: delete old segments below the HW; the log start moves."""
-        hws = {tp: hosted.state.high_watermark for tp, hosted in self.partitions.items()}
-        for tp in self.log_manager.delete_old_segments(self.now_ms(), hws):
-            self.core.on_log_start_offset(tp)
+    def retention_now(self) -> None:
+        for tp in self.retention(self.now_ms()):
             self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: retention moved the log start "
                        f"to {self.logs[tp].log_start_offset}")  # fmt: skip
 
@@ -256,9 +202,9 @@ class SimBroker:
         elif pending.kind == "isr-read":
             self.trace(f"b{self.broker_id} isr read-back for {update.topic}-{update.partition} "
                        f"unanswered: outcome unknown, asking again")  # fmt: skip
-            self.run(self.core.on_isr_write_unknown(update, self.now_ms()))
+            self.execute(self.core.on_isr_write_unknown(update, self.now_ms()))
         else:
-            self.run(self.core.on_fetch_request_failed(pending.subject, self.now_ms()))
+            self.execute(self.core.on_fetch_request_failed(pending.subject, self.now_ms()))
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -273,37 +219,31 @@ class SimBroker:
         del self.pending[msg.corr]
         core, plan, now = self.core, pending.subject, self.now_ms()
         if isinstance(msg, m.IsrWriteResponse):
-            self.run(core.on_isr_write_result(plan, msg.ok, msg.zk_version))
+            self.execute(core.on_isr_write_result(plan, msg.ok, msg.zk_version))
         elif isinstance(msg, m.FetchResponse):
-            self.run(core.on_fetch_response(plan, msg.partitions, now))
+            self.execute(core.on_fetch_response(plan, msg.partitions, now))
         elif isinstance(msg, m.OffsetForLeaderEpochResponse):
-            self.run(core.on_epoch_response(plan, msg.error, msg.leader_epoch, msg.end_offset, now))
+            self.execute(
+                core.on_epoch_response(plan, msg.error, msg.leader_epoch, msg.end_offset, now)
+            )
         elif isinstance(msg, m.ListOffsetsResponse):
-            self.run(core.on_list_offsets_response(plan, msg.error, msg.offset, now))
+            self.execute(core.on_list_offsets_response(plan, msg.error, msg.offset, now))
         else:
             raise AssertionError(f"broker {self.broker_id}: unexpected message {msg!r}")
 
     def handle_leader_and_isr(self, src, request: m.LeaderAndIsr) -> None:
-        core = self.core
-        for tp in core.missing_logs(request.controller_epoch, request.partitions):
-            core.add_log(tp, self.log_manager.get_or_create(tp))
-        ready = core.become_leader_or_follower(request.controller_epoch, request.partitions,
-                                               self.now_ms())  # fmt: skip
-        self.run(ready)
-        result = ready.response
+        result = self.lead_or_follow(request.controller_epoch, request.partitions)
         self.send(src, m.LeaderAndIsrResponse(request.corr, result.error, result.partition_errors))
 
     def handle_stop_replica(self, src, request: m.StopReplica) -> None:
-        ready = self.core.stop_replicas(request.controller_epoch, request.partitions,
-                                        request.delete_partitions, self.now_ms())  # fmt: skip
-        self.run(ready)
-        self.send(src, m.LeaderAndIsrResponse(request.corr, ready.response.error))
+        result = self.stop(request.controller_epoch, request.partitions, request.delete_partitions)
+        self.send(src, m.LeaderAndIsrResponse(request.corr, result.error))
 
     # -- leader: fetches, epochs, offsets, produce ------------------------------------------------
 
     def handle_fetch(self, src, request: m.Fetch) -> None:
         fetched = ((p.tp, p.fetch_offset, p.current_leader_epoch) for p in request.partitions)
-        self.run(self.core.record_follower_fetch(request.replica_id, fetched, self.now_ms()))
+        self.execute(self.core.record_follower_fetch(request.replica_id, fetched, self.now_ms()))
         response, answerable = self._read(request)
         if answerable or request.max_wait_ms <= 0:
             self.send(src, response)
@@ -322,23 +262,15 @@ class SimBroker:
         self.parked = keep
 
     def _read(self, request: m.Fetch) -> tuple[m.FetchResponse, bool]:
-        out, failed, size = [], False, 0
+        out = []
         for p in request.partitions:
-            error, hosted = self.core.leader_for(p.tp, p.current_leader_epoch)
-            if hosted is None:
-                out.append(r.FetchedPartition(p.tp, error))
-                failed = True
-                continue
-            lg, hw = self.logs[p.tp], hosted.state.high_watermark
-            try:
-                data = lg.read(p.fetch_offset, self.config.fetch_max_bytes, None, True).tobytes()
-            except OffsetOutOfRangeError:
-                out.append(r.FetchedPartition(p.tp, errors.OFFSET_OUT_OF_RANGE, hw,
-                                              lg.log_start_offset))  # fmt: skip
-                failed = True
-                continue
-            out.append(r.FetchedPartition(p.tp, errors.NONE, hw, lg.log_start_offset, data))
-            size += len(data)
+            read = self.read_partition(p.tp, p.fetch_offset, self.config.fetch_max_bytes, True,
+                                       p.current_leader_epoch, first=True)  # fmt: skip
+            data = b"".join(s.tobytes() for s in read.records)
+            out.append(r.FetchedPartition(p.tp, read.error, read.high_watermark,
+                                          read.log_start_offset, data))  # fmt: skip
+        failed = any(f.error for f in out)
+        size = sum(len(f.records) for f in out)
         return m.FetchResponse(request.corr, tuple(out)), fetch_answerable(failed, size, 1)
 
     def handle_offset_for_leader_epoch(self, src, msg: m.OffsetForLeaderEpoch) -> None:
@@ -351,19 +283,10 @@ class SimBroker:
         self.send(src, m.ListOffsetsResponse(msg.corr, msg.tp, error, offset))
 
     def handle_produce(self, src, msg: m.Produce) -> None:
-        records = encode_batch([Record(v) for v in msg.values])
-        append = self.core.prepare_leader_append(msg.tp, msg.acks, records)
-        if isinstance(append, r.ProduceAnswer):
-            self.send(src, m.ProduceResponse(msg.corr, msg.tp, append.error))
-            return
-        info = self.log_manager.append_as_leader(msg.tp, records, append.leader_epoch)
-        key = (src, msg.corr, msg.tp, info.first_offset)
-        ready = self.core.on_leader_appended(append, msg.acks, info.last_offset, key,
-                                             self.now_ms() + msg.timeout_ms)  # fmt: skip
-        self.run(ready)
-        if ready.response is not None:
-            self.send(src, m.ProduceResponse(msg.corr, msg.tp, ready.response.error,
-                                             info.first_offset))  # fmt: skip
+        result = self.append_to_leader(msg.tp, msg.records, msg.acks, msg.timeout_ms,
+                                       lambda first_offset: (src, msg.corr, msg.tp, first_offset))  # fmt: skip
+        if not result.waiting:
+            self.send(src, m.ProduceResponse(msg.corr, msg.tp, result.error, result.first_offset))
 
     _REQUESTS = {m.Fetch: handle_fetch, m.Produce: handle_produce,
                  m.LeaderAndIsr: handle_leader_and_isr, m.StopReplica: handle_stop_replica,

@@ -4,15 +4,16 @@
 state znode (LeaderAndIsr with a version), broker registrations (ephemeral: a session that a
 crash drops at once and a silent broker loses after `zookeeper.session.timeout.ms`), the
 controller epoch (which fences every controller write), ISR change notifications and a
-preferred election request. A leader's ISR write is `metadata.update_isr`: conditional on the
-zkVersion, with its notification. `execute` does the controller core's store operations as
-controller/zk_operations.py does them against the real store.
+preferred election request. It answers KafkaZkClient's calls (coord/kafka_zk.py) for those, so
+the controller's store operations are carried out by the runtime's own ZkOperations
+(controller/zk_operations.py); a leader's ISR write is IsrUpdate's rules over the conditional
+write, as broker/metadata.update_isr.
 
 `SimController` is controller/controller.py for the simulator: it steps the real ControllerCore
-(controller/core.py) with what its emulated watches see, answers the core's store operations
-from SimZk at once, and carries the requests the core hands back over the network: per broker,
-in order, one in flight, retried until answered or the broker dies. Every decision is the
-core's; nothing here knows an election or a state transition.
+(controller/core.py) with what its emulated watches see, does the core's store operations at
+once, and carries the requests the core hands back over the network: per broker, in order,
+one in flight, retried until answered or the broker dies. Every decision is the core's;
+nothing here knows an election or a state transition.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from dataclasses import dataclass, field
 
 from localcluster.controller import actions as act
 from localcluster.controller import events as ev
-from localcluster.controller.context import Leadership
 from localcluster.controller.core import ControllerCore, ControllerSettings
+from localcluster.controller.zk_operations import ZkOperations
+from localcluster.coord import NodeExistsError, paths
+from localcluster.coord.kafka_zk import ControllerMovedError
 from localcluster.metadata_types import (
     BrokerRegistration,
     EndPoint,
@@ -37,10 +40,6 @@ CONTROLLER_ID = 0  # the simulated controller runs on no broker
 CORR_PER_EPOCH = 1_000_000
 
 
-class ControllerMovedError(Exception):
-    pass
-
-
 @dataclass
 class SimZk:
     sim: object
@@ -48,10 +47,11 @@ class SimZk:
     states: dict[TopicPartition, tuple[LeaderAndIsr, int]] = field(default_factory=dict)
     brokers: dict[int, int] = field(default_factory=dict)  # /brokers/ids: broker -> session
     heartbeats: dict[int, int] = field(default_factory=dict)  # session -> last heartbeat
-    isr_change_notifications: list[TopicPartition] = field(default_factory=list)
+    isr_changes: dict[str, TopicPartition] = field(default_factory=dict)
     preferred_election: tuple[TopicPartition, ...] | None = None  # the admin request
     controller_epoch: int = 0
     _session: int = 0
+    _sequence: int = 0
 
     def now_ms(self) -> int:
         return self.sim.clock.now_ms()
@@ -79,121 +79,94 @@ class SimZk:
                 self.sim.trace(f"zk: session of b{broker_id} expired")
                 self.drop_session(broker_id)
 
-    # -- partition state ---------------------------------------------------------------------
+    def live_brokers(self) -> dict[int, BrokerRegistration]:
+        # A new session is a new registration, as a restarted broker's is (a new pid).
+        return {b: BrokerRegistration(b, (EndPoint("PLAINTEXT", "sim", 0),), "", pid=session)
+                for b, session in sorted(self.brokers.items())}  # fmt: skip
+
+    # -- topics and partition state (KafkaZkClient's calls) ------------------------------------
 
     def create_topic(self, topic: str, assignment: dict[int, list[int]]) -> None:
         for p, replicas in assignment.items():
             self.assignments[(topic, p)] = tuple(replicas)
 
-    def update_partition_state(self, tp, state: LeaderAndIsr, version: int,
-                               controller_epoch: int) -> int | None:  # fmt: skip
-        """The controller's conditional write, fenced by the controller epoch."""
+    def topics(self) -> list[str]:
+        return sorted({topic for topic, _ in self.assignments})
+
+    def assignment(self, topic: str) -> TopicAssignment | None:
+        found = {p: r for (t, p), r in self.assignments.items() if t == topic}
+        return TopicAssignment(found) if found else None
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        return {}
+
+    def partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
+        return self.states.get((topic, partition))
+
+    def _fence(self, controller_epoch: int) -> None:
         if controller_epoch != self.controller_epoch:
             raise ControllerMovedError(
                 f"controller epoch {controller_epoch} is not {self.controller_epoch}"
             )
+
+    def create_partition_state(self, tp, state: LeaderAndIsr, controller_epoch: int) -> int:
+        self._fence(controller_epoch)
+        if tp in self.states:
+            raise NodeExistsError(str(tp))
+        self.states[tp] = (state, 0)
+        return 0
+
+    def update_partition_state(self, tp, state: LeaderAndIsr, version: int,
+                               controller_epoch: int) -> int | None:  # fmt: skip
+        """The controller's conditional write, fenced by the controller epoch."""
+        self._fence(controller_epoch)
+        return self._set_state(tp, state, version)
+
+    def _set_state(self, tp, state: LeaderAndIsr, version: int) -> int | None:
         current = self.states.get(tp)
-        if current is None:
-            if version != -1:
-                return None
-            self.states[tp] = (state, 0)
-            return 0
-        if current[1] != version:
+        if current is None or current[1] != version:
             return None
         self.states[tp] = (state, version + 1)
         return version + 1
 
+    def isr_change_notifications(self) -> list[str]:
+        return sorted(self.isr_changes)
+
+    def consume_isr_change_notification(self, name: str) -> list[TopicPartition]:
+        return [self.isr_changes.pop(name)]
+
+    def topics_to_delete(self) -> list[str]:
+        return []
+
+    def reassignments(self) -> None:
+        return None
+
+    def requested_elections(self, path: str) -> list[TopicPartition] | None:
+        found = self.preferred_election if path == paths.PREFERRED_REPLICA_ELECTION else None
+        return None if found is None else list(found)
+
+    def delete_election_request(self, path: str) -> None:
+        if path == paths.PREFERRED_REPLICA_ELECTION:
+            self.preferred_election = None
+
+    # -- a leader's ISR write (broker/metadata.update_isr) --------------------------------------
+
     def update_isr(self, update) -> tuple[bool, int | None]:
-        """metadata.update_isr: a leader's conditional write plus its notification."""
+        """The conditional write plus its notification; a clash is read back at once."""
         tp = (update.topic, update.partition)
         found = self.states.get(tp)
-        if found is None:
-            return False, None
-        current, version = found
-        if version == update.zk_version:
-            state = LeaderAndIsr(update.leader, update.leader_epoch, tuple(update.isr),
-                                 current.controller_epoch)  # fmt: skip
-            self.states[tp] = (state, version + 1)
-            self.isr_change_notifications.append(tp)
-            self.sim.trace(f"zk: {tp[0]}-{tp[1]} isr {list(update.isr)} by leader b{update.leader} "
-                           f"(v{version + 1})")  # fmt: skip
-            return True, version + 1
-        if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
-            return False, version
-        return False, None
-
-    def read_back(self, update) -> tuple[bool, int | None]:
-        """metadata.update_isr after its write raised: did the write land?"""
-        found = self.states.get((update.topic, update.partition))
-        if found is None:
-            return False, None
-        current, version = found
-        if (current.leader, current.leader_epoch, current.isr) == (
-                update.leader, update.leader_epoch, tuple(update.isr)):  # fmt: skip
-            return True, version  # it landed: the answer was lost on the way back
-        if current.leader == update.leader and current.leader_epoch == update.leader_epoch:
-            return False, version
-        return False, None
-
-    # -- the controller core's store operations ------------------------------------------------
-
-    def topics(self) -> list[str]:
-        return sorted({topic for topic, _ in self.assignments})
-
-    def execute(self, operation) -> ev.StoreResult | ev.ControllerMoved:
-        match operation:
-            case act.ReadBrokers():
-                return ev.BrokersRead({b: self.registration(b) for b in sorted(self.brokers)})
-            case act.ReadTopicNames():
-                return ev.TopicNamesRead(tuple(self.topics()))
-            case act.ReadTopics(topics=topics):
-                found = {t: TopicAssignment({p: r for (t2, p), r in self.assignments.items() if t2 == t})
-                         for t in topics if t in self.topics()}  # fmt: skip
-                return ev.TopicsRead(found, {t: {} for t in found})
-            case act.ReadPartitionStates(partitions=partitions):
-                return ev.PartitionStatesRead({tp: self._leadership(tp) for tp in partitions})
-            case act.WritePartitionStates():
-                return self._write_states(operation)
-            case act.ConsumeIsrChangeNotifications():
-                changed = tuple(sorted(set(self.isr_change_notifications)))
-                self.isr_change_notifications.clear()
-                return ev.IsrChangesRead(changed)
-            case act.ReadTopicDeletions():
-                return ev.TopicDeletionsRead(())
-            case act.ReadReassignments():
-                return ev.ReassignmentsRead(None)
-            case act.ReadElectionRequest(kind=kind):
-                request = self.preferred_election if kind == act.ElectionRequest.PREFERRED else None
-                return ev.ElectionRequestRead(request)
-            case act.DeleteElectionRequest(kind=kind):
-                if kind == act.ElectionRequest.PREFERRED:
-                    self.preferred_election = None
-                return ev.StoreWritten()
-        raise AssertionError(f"zk: the simulator neither deletes nor reassigns: {operation!r}")
-
-    def registration(self, broker_id: int) -> BrokerRegistration:
-        # A new session is a new registration, as a restarted broker's is (a new pid).
-        return BrokerRegistration(broker_id, (EndPoint("PLAINTEXT", "sim", 0),), "",
-                                  pid=self.brokers[broker_id])  # fmt: skip
-
-    def _leadership(self, tp) -> Leadership | None:
-        found = self.states.get(tp)
-        return None if found is None else Leadership(*found)
-
-    def _write_states(self, operation: act.WritePartitionStates):
-        versions, conflicts = {}, []
-        for write in operation.writes:
-            try:
-                version = self.update_partition_state(write.tp, write.state,
-                                                      -1 if write.zk_version is None else write.zk_version,
-                                                      operation.controller_epoch_zk_version)  # fmt: skip
-            except ControllerMovedError as e:
-                return ev.ControllerMoved(str(e))
-            if version is None:
-                conflicts.append(write.tp)
-            else:
-                versions[write.tp] = version
-        return ev.PartitionStatesWritten(versions, tuple(conflicts))
+        version = (
+            self._set_state(tp, update.state(found[0].controller_epoch), update.zk_version)
+            if found
+            else None
+        )
+        if version is None:
+            return update.outcome(self.states.get(tp))
+        self._sequence += 1
+        self.isr_changes[f"{paths.ISR_CHANGE_PREFIX}{self._sequence:010d}"] = tp
+        self.sim.trace(f"zk: {tp[0]}-{tp[1]} isr {list(update.isr)} by leader b{update.leader} "
+                       f"(v{version})")  # fmt: skip
+        return True, version
 
     # -- the network node -----------------------------------------------------------------------
 
@@ -203,11 +176,9 @@ class SimZk:
             if alive:
                 self.heartbeats[msg.session] = self.now_ms()
             self.sim.network.send("zk", src, m.HeartbeatResponse(msg.session, not alive))
-        elif isinstance(msg, m.IsrWrite):
-            ok, version = self.update_isr(msg.update)
-            self.sim.network.send("zk", src, m.IsrWriteResponse(msg.corr, ok, version))
-        elif isinstance(msg, m.IsrReadBack):
-            ok, version = self.read_back(msg.update)
+        elif isinstance(msg, (m.IsrWrite, m.IsrReadBack)):
+            ok, version = (self.update_isr(msg.update) if isinstance(msg, m.IsrWrite)
+                           else msg.update.outcome(self.states.get((msg.update.topic, msg.update.partition))))  # fmt: skip
             self.sim.network.send("zk", src, m.IsrWriteResponse(msg.corr, ok, version))
         else:
             raise AssertionError(f"zk: unexpected {msg!r}")
@@ -236,6 +207,7 @@ class SimController:
         self.queues: dict[int, _BrokerQueue] = {}
         self._corr = self.epoch * CORR_PER_EPOCH  # answers find their controller by corr
         self.notices_moved_at_ms = 0  # a zombie learns of its successor only at this time
+        self._store = ZkOperations(self.zk)
         self._answers: dict[int, tuple] = {}  # controlled shutdown answers by correlation id
         self._correlation_id = 0
         # The watches: what the store held when this controller last looked.
@@ -261,7 +233,7 @@ class SimController:
         if self.active and self.zk.brokers != self._seen_brokers:
             self._seen_brokers = dict(self.zk.brokers)
             self._step(ev.BrokerChange())
-        if self.active and self.zk.isr_change_notifications:
+        if self.active and self.zk.isr_changes:
             self._step(ev.IsrChangeNotification())
         self._pump_channels()
 
@@ -287,7 +259,11 @@ class SimController:
             self._execute(ready.actions)
             if not self.active or ready.store is None:
                 break
-            ready = self.core.step(self.zk.execute(ready.store))
+            try:
+                result = self._store.execute(ready.store)
+            except ControllerMovedError as e:
+                result = ev.ControllerMoved(str(e))
+            ready = self.core.step(result)
         self._pump_channels()
 
     def _execute(self, actions) -> None:
@@ -296,10 +272,9 @@ class SimController:
                 case act.Note(line=line):
                     self.sim.trace(f"controller: {line}")
                 case act.SendLeaderAndIsr(broker_id=broker, request=request):
-                    states = tuple(m.PartitionStateMsg(p.topic, p.partition, p.leader, p.leader_epoch,
-                                                       p.isr, p.zk_version, p.replicas)
-                                   for p in request.partitions)  # fmt: skip
-                    self._enqueue(broker, m.LeaderAndIsr, request.controller_epoch, states)
+                    self._enqueue(
+                        broker, m.LeaderAndIsr, request.controller_epoch, request.partitions
+                    )
                 case act.SendStopReplica(broker_id=broker, request=request):
                     assert not request.delete_partitions, "the simulator deletes no replica"
                     self._enqueue(

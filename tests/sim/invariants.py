@@ -7,6 +7,14 @@
   believes in (TLA+ WeakIsr; a deposed leader that has not heard yet included).
 - acked-lost: every acknowledged record (acks=all, answered NONE) is at its offset in the log of
   a leader that has taken up the recorded leadership; no two acks name one offset.
+- acked-duplicated: no acknowledged record is twice below the HW of a leader that has taken
+  up the recorded leadership (a retried batch written again: what idempotence prevents).
+  acked-duplicated-after-epoch-bump: the second copy carries a higher producer epoch. Kafka's
+  idempotent producer (KIP-360) does this by design: on a sequence gap it cannot explain (a
+  broker that took a later batch as a new producer's first, or lost a batch's metadata in a
+  restart: its snapshot keeps each producer's last batch only) or a batch failed for good,
+  the client bumps its epoch and sends its unresolved batches again from sequence 0, and the
+  broker cannot tell them from new ones.
 - hw-backwards: while a broker leads a partition in one epoch its HW never decreases
   (hw-backwards-after-restart: the broker restarted and was given the same epoch again).
 - log-offsets: log_start_offset <= HW <= log_end_offset, and the Partition's offsets are the
@@ -41,7 +49,8 @@ class InvariantViolation(Exception):
 class LogView:
     """A log's batches as (base_offset, next_offset, epoch, bytes), and its records by offset."""
 
-    __slots__ = ("batches", "values", "end", "truncations", "start", "serial")
+    __slots__ = ("batches", "values", "end", "truncations", "start", "serial", "first_offsets",
+                 "duplicates")  # fmt: skip
     _serials = 0
 
     def __init__(self):
@@ -49,6 +58,8 @@ class LogView:
         self.serial = LogView._serials  # ids of dropped views are reused; serials are not
         self.batches: list[tuple[int, int, int, bytes]] = []
         self.values: dict[int, bytes | None] = {}
+        self.first_offsets: dict[bytes, tuple[int, int]] = {}  # value -> first (offset, epoch)
+        self.duplicates: list[tuple[int, bytes, int]] = []  # (offset, value, producer epoch)
         self.end = -1
         self.start = -1
         self.truncations = -1
@@ -79,6 +90,9 @@ def log_view(lg) -> LogView:
                                  header.partition_leader_epoch, raw))  # fmt: skip
             for record in iter_records(memoryview(raw)):
                 view.values[record.offset] = record.value
+                first = (record.offset, header.producer_epoch)
+                if view.first_offsets.setdefault(record.value, first) != first:
+                    view.duplicates.append((record.offset, record.value, header.producer_epoch))
             view.end = header.next_offset
     return view
 
@@ -113,11 +127,13 @@ class InvariantChecker:
         self.max_hw: dict[tuple[int, tuple[str, int], int], tuple[int, int]] = {}
         self.leaders: dict[tuple[tuple[str, int], int], int] = {}  # (tp, epoch) -> broker
         self._acked_checked: dict[tuple[str, int], tuple] = {}
+        self.acked_values: dict[tuple[str, int], set[bytes]] = {}
         self._isr_checked: dict[tuple, bool] = {}
         self.collect: list[Violation] | None = None  # a list: record violations, do not raise
         # Kinds traced instead of failing the run (known issues, reproduced by a scenario).
         self.tolerated: set[str] = set()
         self.tolerated_seen: list[Violation] = []
+        self._known_seen: set[tuple] = set()
 
     def _generation(self, broker_id: int) -> int:
         return self.sim.hosts[broker_id].generation
@@ -129,6 +145,16 @@ class InvariantChecker:
         if kind not in {v.kind for v in self.collect}:  # scripted scenarios: note it, go on
             self.collect.append(violation)
             self.sim.trace(f"VIOLATION {violation}")
+
+    def known(self, kind: str, message: str, key=None) -> None:
+        """A violation of a known issue: traced if tolerated (once per key), else failed."""
+        key = (kind, message if key is None else key)
+        if kind not in self.tolerated:
+            self.fail(kind, message)
+        elif key not in self._known_seen:
+            self._known_seen.add(key)
+            self.tolerated_seen.append(Violation(kind, message))
+            self.sim.trace(f"KNOWN ISSUE {kind}: {message}")
 
     # -- events the brokers report ------------------------------------------------------------
 
@@ -145,6 +171,7 @@ class InvariantChecker:
             self.fail("acked-lost", f"{tp[0]}-{tp[1]} offset {offset} acknowledged twice: "
                       f"{acked[offset]!r} and then {value!r}")  # fmt: skip
         acked[offset] = value
+        self.acked_values.setdefault(tp, set()).add(value)
 
     # -- after every step -----------------------------------------------------------------------
 
@@ -170,6 +197,7 @@ class InvariantChecker:
                 continue
             self._check_strong_isr(tp, leader, state.isr)
             self._check_acked(tp, leader)
+            self._check_duplicates(tp, leader)
         for tp, broker, hosted in presumed:  # WeakIsr: against the ISR each leader believes
             self._check_strong_isr(tp, (broker, hosted), sorted(hosted.state.isr), "weak-isr")
 
@@ -211,11 +239,7 @@ class InvariantChecker:
                 kind = "hw-backwards-after-restart" if restarted else "hw-backwards"
                 message = (f"b{broker_id} {tp[0]}-{tp[1]} epoch {p.leader_epoch}: hw {last} -> "
                            f"{p.high_watermark}{' (it restarted in between)' * restarted}")  # fmt: skip
-                if kind in self.tolerated:
-                    self.tolerated_seen.append(Violation(kind, message))
-                    self.sim.trace(f"KNOWN ISSUE {kind}: {message}")
-                else:
-                    self.fail(kind, message)
+                self.known(kind, message)
             self.max_hw[key] = (p.high_watermark, self._generation(broker_id))
 
     def _check_strong_isr(self, tp, leader, isr, kind: str = "strong-isr") -> None:
@@ -268,6 +292,23 @@ class InvariantChecker:
                           f"{hosted.state.leader_epoch}) has "
                           f"{view.values.get(offset, 'nothing')!r} there")  # fmt: skip
         self._acked_checked[tp] = key
+
+    def _check_duplicates(self, tp, leader) -> None:
+        broker, hosted = leader
+        view, hw = log_view(hosted.log), hosted.state.high_watermark
+        acked = self.acked_values.get(tp, ())
+        for offset, value, epoch in view.duplicates:
+            if offset >= hw or value not in acked:
+                continue
+            first, first_epoch = view.first_offsets[value]
+            bumped = epoch > first_epoch >= 0
+            message = (f"{tp[0]}-{tp[1]}: acknowledged {value!r} is in leader b{broker.broker_id}'s "
+                       f"log at offsets {first} (producer epoch {first_epoch}) and {offset} "
+                       f"(epoch {epoch}), below the hw {hw}")  # fmt: skip
+            if bumped:
+                self.known("acked-duplicated-after-epoch-bump", message, (tp, value))
+            else:
+                self.fail("acked-duplicated", message)
 
 
 def truncated_for_test(lg, offset: int) -> None:

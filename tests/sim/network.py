@@ -18,26 +18,10 @@ from tests.sim.clock import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionStateMsg:
-    topic: str
-    partition: int
-    leader: int
-    leader_epoch: int
-    isr: tuple[int, ...]
-    zk_version: int
-    replicas: tuple[int, ...]
-    controller_epoch: int = -1  # of the controller that wrote this state (-1: not said)
-
-    @property
-    def tp(self):
-        return self.topic, self.partition
-
-
-@dataclass(frozen=True, slots=True)
 class LeaderAndIsr:
     corr: int
     controller_epoch: int
-    partitions: tuple[PartitionStateMsg, ...]
+    partitions: tuple  # protocol.controller_requests.PartitionState, as the controller sent them
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +95,7 @@ class ListOffsetsResponse:
 class Produce:
     corr: int
     tp: tuple[str, int]
-    values: tuple[bytes, ...]
+    records: bytes  # one RecordBatch v2, as a client sends it
     acks: int
     timeout_ms: int
 
@@ -182,6 +166,10 @@ class Network:
     # did not land, which is wrong when only the answer was lost (a kazoo ConnectionLoss).
     reliable_senders: set = field(default_factory=lambda: {"zk"})
     lost_senders: set = field(default_factory=set)  # scripted: every message from these is lost
+    # Nodes whose links keep their order, as one TCP connection does (the client's: its
+    # producer counts on a broker answering one connection's requests in order).
+    ordered: set = field(default_factory=lambda: {"client"})
+    _last_delivery: dict = field(default_factory=dict)  # (src, dst) -> ms, of ordered links
     nodes: dict = field(default_factory=dict)  # name -> node with .receive(src, msg)
     cut_links: set = field(default_factory=set)  # frozenset({a, b})
     stats: NetworkStats = field(default_factory=NetworkStats)
@@ -219,6 +207,13 @@ class Network:
             self.stats.dropped += 1
             return
         delay = self.rng.randint(self.min_delay_ms, self.max_delay_ms)
+        if src in self.ordered or dst in self.ordered:
+            at_ms = max(
+                self.scheduler.clock.now_ms() + delay, self._last_delivery.get((src, dst), 0)
+            )
+            self._last_delivery[(src, dst)] = at_ms
+            self.scheduler.at(at_ms, self._deliver, src, dst, msg)
+            return
         self.scheduler.after(delay, self._deliver, src, dst, msg)
 
     def _deliver(self, src, dst, msg) -> None:

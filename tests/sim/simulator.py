@@ -5,7 +5,8 @@ size-based retention on or off). A run has two phases. The safety phase injects 
 the seed (kill -9 crashes and restarts from disk, SIGSTOP-like pauses, isolated brokers and cut
 links, random message loss, controller crashes and deposed controllers that act until their
 watch fires, controlled shutdowns with clean restarts, preferred elections) while a client
-produces acks=all and acks=1 batches. The heal phase stops the faults, restarts and resumes
+produces acks=all and acks=1 batches (producer.py: acks=all ones retried, idempotent unless
+--no-idempotence). The heal phase stops the faults, restarts and resumes
 everything, and requires every partition to converge (ISR full, replicas identical to the
 leader, HW = log end) within a bounded number of steps. Invariants (invariants.py) are checked
 after every step; the first violation ends the run, and `SimResult.report()` prints the seed,
@@ -17,7 +18,7 @@ Scenario files (scenarios/*.txt) are scripts played by `ScenarioRunner` in both 
 followed by each protocol's golden output.
 
     python -m tests.sim.simulator --seeds 0:500 [--protocol hw-truncation] [--unclean]
-                                  [--lossy-zk] [--trace]
+                                  [--lossy-zk] [--no-idempotence] [--trace]
     python -m tests.sim.simulator --scenarios         # check the scenario files
     python -m tests.sim.simulator --update-golden     # rewrite their golden output
 """
@@ -34,10 +35,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kio.schema.errors import ErrorCode
-
 from localcluster.controller.assignment import assign_replicas_to_brokers
 from localcluster.metadata_types import LeaderAndIsr
+from localcluster.protocol.controller_requests import PartitionState
 from tests.sim import network as m
 from tests.sim.broker import BrokerHost, SimConfig
 from tests.sim.clock import ManualClock, Scheduler
@@ -50,6 +50,7 @@ from tests.sim.invariants import (
     describe,
     log_view,
 )
+from tests.sim.producer import Client
 
 TOPIC = "t"
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -103,55 +104,13 @@ class ControllerHost:
         return False
 
 
-class Client:
-    """Produces unique values; records what acks=all answered NONE for."""
-
-    def __init__(self, sim: Simulator):
-        self.sim = sim
-        self.corr = 0
-        self.inflight: dict[int, m.Produce] = {}
-        self.produced = 0
-
-    def produce(self, tp, values: tuple[bytes, ...], acks: int, timeout_ms: int = 400) -> bool:
-        state = self.sim.zk.states.get(tp)
-        if state is None or state[0].leader < 0:
-            return False
-        self.corr += 1
-        msg = m.Produce(self.corr, tp, values, acks, timeout_ms)
-        self.inflight[self.corr] = msg
-        self.produced += len(values)
-        self.sim.network.send("client", state[0].leader, msg)
-        # A lost request or answer: give up on it after its timeout (the producer's
-        # delivery.timeout.ms); it was never acknowledged.
-        self.sim.scheduler.after(timeout_ms + 100, self.inflight.pop, self.corr, None)
-        return True
-
-    def receive(self, src, msg) -> bool:
-        request = self.inflight.pop(msg.corr, None)
-        if request is None:
-            return True
-        names = ",".join(v.decode() for v in request.values)
-        if msg.error == ErrorCode.none and request.acks == -1:
-            for i, value in enumerate(request.values):
-                self.sim.checker.on_ack(msg.tp, msg.base_offset + i, value)
-            self.sim.trace(
-                f"client: acked {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}"
-            )
-        elif msg.error == ErrorCode.none:
-            self.sim.trace(
-                f"client: acks=1 {names} at {msg.tp[0]}-{msg.tp[1]}@{msg.base_offset} by b{src}"
-            )
-        else:
-            self.sim.trace(f"client: {names} failed: {ErrorCode(msg.error).name} from b{src}")
-        return True
-
-
 class Simulator:
     def __init__(self, seed: int | None = 0, protocol: str = "leader-epoch", broker_ids=(1, 2, 3),
                  partitions: int = 2, replication_factor: int = 3, config: SimConfig | None = None,
                  directory: Path | None = None, deterministic_network: bool = False,
                  echo: bool = False, lossy_zk: bool = False,
-                 rng: random.Random | None = None):  # fmt: skip
+                 rng: random.Random | None = None, retries: bool = False,
+                 idempotent: bool = False):  # fmt: skip
         self.seed = seed
         self.rng = rng or random.Random(seed)
         self.config = config or SimConfig()
@@ -176,7 +135,7 @@ class Simulator:
             self.network.attach(b, host)
         self.controller_host = ControllerHost()
         self.network.attach("controller", self.controller_host)
-        self.client = Client(self)
+        self.client = Client(self, retries, idempotent)
         self.network.attach("client", self.client)
         self.acked: dict[tuple[str, int], dict[int, bytes]] = {}
         self.checker = InvariantChecker(self)
@@ -420,7 +379,7 @@ class Simulator:
             self.start_controller()
 
     def converged(self) -> bool:
-        if self.client.inflight:
+        if self.client.busy:
             return False
         for tp in self._tps():
             found = self.zk.states.get(tp)
@@ -514,6 +473,10 @@ def _tp(text: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
+def _node(text: str):
+    return int(text) if text.isdigit() else text
+
+
 def _ids(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x)
 
@@ -530,7 +493,10 @@ class ScenarioRunner:
         topic T-P ID,ID                a partition and its replicas
         elect T-P leader=ID epoch=E isr=ID,ID [to=ID,ID]
                                        write the state znode, send LeaderAndIsr
-        produce T-P V[,V] [acks=1]     a batch, acks=all unless told
+        produce T-P V[,V] [acks=1]     a batch, acks=all unless told (sent once, unless:)
+        producer idempotent|plain      from now on acks=all batches are retried, with or
+                                       without idempotence (producer id, epoch, sequence)
+        cut A B | heal A B             cut or heal the link between two nodes (ids, client)
         run MS                         let MS milliseconds pass
         crash ID | restart ID | pause ID | resume ID
         lose-unflushed ID T-P OFFSET   a crashed broker loses its records from OFFSET on
@@ -602,29 +568,40 @@ class ScenarioRunner:
         replicas = zk.assignments[tp_]
         leader, epoch, isr = int(opts["leader"]), int(opts["epoch"]), _ids(opts["isr"])
         found = zk.states.get(tp_)
-        if found is None or (found[0].leader, found[0].leader_epoch, found[0].isr) != (
-            leader,
-            epoch,
-            isr,
-        ):
-            version = zk.update_partition_state(tp_, LeaderAndIsr(leader, epoch, isr, 1),
-                                                found[1] if found else -1, zk.controller_epoch)  # fmt: skip
+        state = LeaderAndIsr(leader, epoch, isr, 1)
+        if found is None:
+            version = zk.create_partition_state(tp_, state, zk.controller_epoch)
+        elif (found[0].leader, found[0].leader_epoch, found[0].isr) != (leader, epoch, isr):
+            version = zk.update_partition_state(tp_, state, found[1], zk.controller_epoch)
         else:
             version = found[1]
         to = _ids(opts["to"]) if "to" in opts else replicas
         self._corr += 1
-        state = m.PartitionStateMsg(tp_[0], tp_[1], leader, epoch, isr, version, replicas)
+        partition = PartitionState(tp_[0], tp_[1], 1, leader, epoch, isr, version, replicas)
         self.sim.trace(f"elect {tp}: leader b{leader} epoch {epoch} isr {list(isr)} (v{version}), "
                        f"sent to {[f'b{b}' for b in to]}")  # fmt: skip
         for b in to:
             self.sim.network.send(
-                "controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (state,))
+                "controller", b, m.LeaderAndIsr(self._corr, zk.controller_epoch, (partition,))
             )
 
     def do_produce(self, tp: str, values: str, *args: str) -> None:
         opts = dict(a.split("=", 1) for a in args)
         acks = -1 if opts.get("acks", "all") == "all" else int(opts["acks"])
         self.sim.client.produce(_tp(tp), tuple(v.encode() for v in values.split(",")), acks, 10_000)
+
+    def do_producer(self, mode: str) -> None:
+        assert mode in ("idempotent", "plain"), mode
+        self.sim.client.configure(retries=True, idempotent=mode == "idempotent")
+        self.sim.trace(f"the producer retries, {'' if mode == 'idempotent' else 'not '}idempotent")
+
+    def do_cut(self, a: str, b: str) -> None:
+        self.sim.trace(f"cut {a}<->{b}")
+        self.sim.network.cut(*(_node(x) for x in (a, b)))
+
+    def do_heal(self, a: str, b: str) -> None:
+        self.sim.trace(f"heal {a}<->{b}")
+        self.sim.network.cut_links.discard(frozenset(_node(x) for x in (a, b)))
 
     def do_run(self, ms: str) -> None:
         self.sim.run_until(self.sim.clock.now_ms() + int(ms))
@@ -781,29 +758,31 @@ SHAPES = [(3, 2, 3, 2)] * 3 + [(3, 2, 3, 1), (4, 3, 3, 2), (2, 1, 2, 1), (5, 2, 
 
 
 # Known issues a random run traces instead of failing on; each has a scenario file (xfail).
-TOLERATED = {"hw-backwards-after-restart"}
+TOLERATED = {"hw-backwards-after-restart", "acked-duplicated-after-epoch-bump"}
 
 
 def simulator_for_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
-                       unclean: bool = False) -> Simulator:  # fmt: skip
-    """The cluster's shape comes from the seed too."""
+                       unclean: bool = False, idempotent: bool = True) -> Simulator:  # fmt: skip
+    """The cluster's shape comes from the seed too. The producer retries; it is idempotent
+    unless told (then a retry may write a batch twice: the acked-duplicated invariant)."""
     rng = random.Random(seed)
     brokers, partitions, rf, min_isr = rng.choice(SHAPES)
     retention_bytes = rng.choice([-1, 2048])  # with 1 KiB segments: about two kept
     config = SimConfig(min_insync_replicas=min_isr, unclean_leader_election_enable=unclean,
                        retention_bytes=retention_bytes)  # fmt: skip
     sim = Simulator(seed, protocol, tuple(range(1, brokers + 1)), partitions, rf, config,
-                    lossy_zk=lossy_zk, rng=rng)  # fmt: skip
+                    lossy_zk=lossy_zk, rng=rng, retries=True, idempotent=idempotent)  # fmt: skip
     sim.checker.tolerated = set(TOLERATED)
     return sim
 
 
 def run_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
-             unclean: bool = False, **kwargs) -> SimResult:  # fmt: skip
-    sim = simulator_for_seed(seed, protocol, lossy_zk, unclean)
+             unclean: bool = False, idempotent: bool = True, **kwargs) -> SimResult:  # fmt: skip
+    sim = simulator_for_seed(seed, protocol, lossy_zk, unclean, idempotent)
     try:
         result = sim.run(**kwargs)
-        result.flags = " --unclean" * unclean + " --lossy-zk" * lossy_zk
+        result.flags = (" --unclean" * unclean + " --lossy-zk" * lossy_zk
+                        + " --no-idempotence" * (not idempotent))  # fmt: skip
         result.known_issues = list(sim.checker.tolerated_seen)
         return result
     finally:
@@ -823,6 +802,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--unclean", action="store_true", help="unclean.leader.election.enable=true"
     )
+    parser.add_argument("--no-idempotence", action="store_true",
+                        help="the producer retries without idempotence (duplicates)")  # fmt: skip
     parser.add_argument("--update-golden", action="store_true", help="rewrite the scenario files")
     parser.add_argument("--scenarios", action="store_true", help="run the scenario files")
     args = parser.parse_args(argv)
@@ -836,7 +817,8 @@ def main(argv=None) -> int:
     failed = known = 0
     started = time.perf_counter()
     for seed in seeds:
-        result = run_seed(seed, args.protocol, lossy_zk=args.lossy_zk, unclean=args.unclean)
+        result = run_seed(seed, args.protocol, lossy_zk=args.lossy_zk, unclean=args.unclean,
+                          idempotent=not args.no_idempotence)  # fmt: skip
         for issue in result.known_issues[:1]:
             known += 1
             print(f"seed {seed}: known issue {issue}")

@@ -26,6 +26,7 @@ from tests.sim.simulator import (
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 HW_SEEDS = 20
 UNCLEAN_SEEDS = 30
+PLAIN_PRODUCER_SEEDS = 10
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
 KIP_SCENARIOS = [
     "kip101_scenario1",
@@ -83,6 +84,14 @@ def test_leader_epoch_passes_the_kip_scenario(name):
     run = run_scenario(_path(name), "leader-epoch")
     assert run.violations == [], "\n".join(run.output)
     assert any(line.startswith("  b") and ":e" in line for line in run.output)  # it ran through
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("mode", ["plain", "idempotent"])
+def test_a_retry_across_a_leader_change_is_written_twice_unless_idempotent(mode, protocol):
+    run = run_scenario(_path(f"retry_across_leader_change_{mode}"), protocol)
+    assert run.kinds == ({"acked-duplicated"} if mode == "plain" else set()), "\n".join(run.output)
+    assert any("client: acked a1" in line for line in run.output)  # the retry was answered
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -168,6 +177,15 @@ def test_random_sweep_with_unclean_election_loses_acknowledged_records():
     kinds = [kind for _, ok, kind, _, _ in results if not ok]
     assert "acked-lost" in kinds, f"no seed of {UNCLEAN_SEEDS} lost an acknowledged record"
     assert set(kinds) == {"acked-lost"}, kinds  # the data is lost; the replicas still agree
+
+
+def test_random_sweep_with_a_plain_retrying_producer_duplicates_acknowledged_records():
+    """What KIP-98 is for: without idempotence, a retry of a batch whose answer was lost
+    writes it again; the acked-duplicated invariant sees it."""
+    results = _sweep(range(PLAIN_PRODUCER_SEEDS), "leader-epoch", idempotent=False)
+    kinds = [kind for _, ok, kind, _, _ in results if not ok]
+    assert "acked-duplicated" in kinds, f"no seed of {PLAIN_PRODUCER_SEEDS} duplicated a record"
+    assert set(kinds) == {"acked-duplicated"}, kinds
 
 
 # -- the network and the clock ------------------------------------------------------------------

@@ -9,7 +9,6 @@ import asyncio
 import pytest
 
 from localcluster.client import AsyncConsumer, OffsetOutOfRangeError
-from localcluster.client.connection import KafkaError
 from localcluster.client.consumer import parse_records
 from localcluster.protocol import fetch, messages
 from localcluster.protocol.api import SUPPORTED, ApiKey
@@ -62,9 +61,10 @@ def test_control_batches_advance_without_records():
     assert [r.value for r in records] == [b"a"] and next_offset == 2
 
 
-def test_compressed_batches_are_refused_by_name():
-    with pytest.raises(KafkaError, match="compressed with gzip"):
-        parse_records(TP, batch(0, [b"a"], attributes=1), 0)
+def test_compressed_batches_are_decoded():
+    data = batch(0, [b"a", b"b"], attributes=1) + batch(2, [b"c"], attributes=4)  # gzip, zstd
+    records, next_offset = parse_records(TP, data, 1)
+    assert [(r.offset, r.value) for r in records] == [(1, b"b"), (2, b"c")] and next_offset == 3
 
 
 def test_a_corrupt_batch_raises():

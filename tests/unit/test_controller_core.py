@@ -806,7 +806,8 @@ def test_the_core_imports_no_store_no_runtime_no_asyncio_and_no_kio():
     ).stdout.split()  # fmt: skip
     ours = {m for m in loaded if m.startswith("localcluster.")}
     assert ours <= {f"localcluster.controller.{m}" for m in CORE_MODULES} | {
-        "localcluster.controller", "localcluster.metadata_types", "localcluster.protocol",
+        "localcluster.controller", "localcluster.metadata_types", "localcluster.topic_config",
+        "localcluster.protocol",
         "localcluster.protocol.controller_requests",
         "localcluster.protocol.wire",
     }, sorted(ours)  # fmt: skip

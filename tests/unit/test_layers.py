@@ -39,6 +39,7 @@ LAYERS = (
     ("localcluster.metrics", "base"),
     ("localcluster.metadata_types", "base"),
     ("localcluster.waiting", "base"),
+    ("localcluster.topic_config", "base"),
     ("localcluster.backoff", "base"),
     ("localcluster.tasks", "base"),
 )

@@ -258,13 +258,13 @@ def test_batch_spans_read_lengths_only_and_stop_at_what_is_not_a_whole_batch():
     assert list(rb.batch_spans(b"")) == []
 
 
-def test_compressed_batch_is_validated_but_not_decoded():
+def test_compressed_batch_is_validated_by_header_and_its_payload_by_the_codec():
     payload = b"\x01\x02compressed bytes"
     data = rb.encode_raw_batch(payload, 4, BatchSpec(attributes=2, base_timestamp=5),
                                max_timestamp=9)  # fmt: skip
     header = validate_batch(data)
     assert header.compression == 2 and header.records_count == 4 and header.max_timestamp == 9
-    with pytest.raises(CorruptRecordError, match="snappy"):
+    with pytest.raises(CorruptRecordError, match="snappy payload of 18 bytes does not decompress"):
         list(iter_records(data))
 
 

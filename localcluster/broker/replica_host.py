@@ -1,0 +1,249 @@
+"""ReplicaHost: the replica core over this broker's logs, without an event loop. What the broker
+runtime (replica_manager.py) and the simulator's broker (tests/sim/broker.py) share.
+
+It carries out a Ready's log actions and follower appends on the LogManager and reports each
+outcome back to the core, then hands the rest of the Ready to its runtime through the hooks
+below (ISR writes, produce answers, waking fetches, fetch sessions, a wake-up time). It also
+does the steps that need the logs beside the core: opening the logs a LeaderAndIsr names, a
+leader's append (the producer state's verdict and the log's errors as error codes), a fetch's
+read, retention. Rules: nothing here decides (the core does), waits, sleeps or sends; time is
+the runtime's `now_ms`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from localcluster.broker.log_manager import LogManager
+from localcluster.replication import errors
+from localcluster.replication import ready as r
+from localcluster.replication.partition import IsrUpdate
+from localcluster.replication.replica_core import (
+    HostedReplica,
+    ReplicaConfig,
+    ReplicaCore,
+    TopicSettings,
+)
+from localcluster.storage import (
+    CorruptRecordError,
+    LogDirectoryFullError,
+    OffsetOutOfRangeError,
+    RecordBatchTooLargeError,
+)
+from localcluster.storage.producer_state import DuplicateBatch, RejectedAppend
+from localcluster.topic_config import TopicConfig
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+# What the log's refusals of a client's batch answer (nothing is appended).
+APPEND_ERRORS = ((CorruptRecordError, errors.CORRUPT_MESSAGE),
+                 (RecordBatchTooLargeError, errors.MESSAGE_TOO_LARGE),
+                 (LogDirectoryFullError, errors.KAFKA_STORAGE_ERROR))  # fmt: skip
+
+
+@dataclass(slots=True)
+class LeaderAppendResult:
+    """A client's batches on the leader: the answer's fields, what was appended (None when
+    nothing was: refused, or a duplicate answered with its first offsets) and whether the
+    answer waits for the HW (it comes as a produce answer under the key given)."""
+
+    error: int
+    message: str | None = None
+    first_offset: int = -1
+    log_start_offset: int = -1
+    appended: object = None  # storage AppendInfo
+    waiting: bool = False
+
+
+@dataclass(slots=True)
+class PartitionRead:
+    """One partition of a Fetch as the leader reads it."""
+
+    error: int
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: tuple = ()  # the log's file slices
+
+    @property
+    def size(self) -> int:
+        return sum(s.length for s in self.records)
+
+
+class ReplicaHost:
+    def __init__(self, broker_id: int, config: ReplicaConfig, log_manager: LogManager):
+        self.broker_id = broker_id
+        self.core = ReplicaCore(broker_id, config)
+        self.log_manager = log_manager
+
+    @property
+    def partitions(self) -> dict[TopicPartition, HostedReplica]:
+        return self.core.partitions
+
+    def now_ms(self) -> int:
+        raise NotImplementedError
+
+    # -- the runtime's hooks: what the rest of a Ready asks --------------------------------------
+
+    def on_log_action(self, action) -> None:
+        """Before a log action runs."""
+
+    def on_state_change(self, change) -> None:
+        pass
+
+    def write_isr(self, update: IsrUpdate) -> None:
+        """Start the conditional write; report it with core.on_isr_write_result/unknown."""
+
+    def answer_produce(self, key, error: int) -> None:
+        pass
+
+    def wake_fetches(self) -> None:
+        pass
+
+    def on_fetch_sessions(self, leaders: set[int], abandoned: set[int],
+                          requests: list) -> None:  # fmt: skip
+        """Sessions to poll (or start, or stop), requests in flight given up, requests planned."""
+
+    def wake_at(self, at_ms: int) -> None:
+        """Step `tick` no later than this."""
+
+    # -- carrying out a Ready --------------------------------------------------------------------
+
+    def execute(self, ready: r.Ready) -> None:
+        if ready is r.EMPTY:
+            return
+        for action in ready.log_actions:
+            self.on_log_action(action)
+            self.log_manager.apply(action)
+        for append in ready.follower_appends:
+            failure = self.log_manager.append_as_follower(append)
+            self.execute(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
+                         if failure else
+                         self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
+        for change in ready.state_changes:
+            self.on_state_change(change)
+        for update in ready.isr_writes:
+            self.write_isr(update)
+        for key, error in ready.produce_answers:
+            self.answer_produce(key, error)
+        if ready.wake_fetches:
+            self.wake_fetches()
+        if ready.fetch_sessions or ready.abandoned or ready.requests:
+            self.on_fetch_sessions(ready.fetch_sessions, ready.abandoned, ready.requests)
+        if ready.wakeup_at_ms is not None:
+            self.wake_at(ready.wakeup_at_ms)
+
+    def tick(self, now_ms: int) -> None:
+        """A produce's deadline or an ISR write's retry may be due."""
+        self.execute(self.core.expire_produces(now_ms))
+        self.execute(self.core.retry_isr_writes(now_ms))
+
+    # -- logs and checkpoints --------------------------------------------------------------------
+
+    def open_logs(self) -> None:
+        """Open (and recover) every partition log in the data dir."""
+        self.core.open_logs(self.log_manager.logs, self.log_manager.open_logs())
+
+    def checkpoint_high_watermarks(self) -> None:
+        self.log_manager.write_high_watermarks(self.core.checkpoint_high_watermarks())
+
+    def checkpoint(self) -> None:
+        """Flush every log, then write recovery points and high watermarks."""
+        self.log_manager.checkpoint_recovery_points()
+        self.checkpoint_high_watermarks()
+
+    def close(self) -> None:
+        """A clean shutdown: flush, both checkpoints, close every log."""
+        self.log_manager.close(self.core.checkpoint_high_watermarks())
+        self.partitions.clear()
+
+    def retention(self, now_ms: int) -> list[TopicPartition]:
+        """Delete old segments below the HW (log.retention.*); the partitions whose start moved."""
+        hws = {tp: h.state.high_watermark for tp, h in self.partitions.items()}
+        moved = self.log_manager.delete_old_segments(now_ms, hws)
+        for tp in moved:
+            self.core.on_log_start_offset(tp)
+        self.log_manager.expire_producers()
+        return moved
+
+    # -- LeaderAndIsr and StopReplica ------------------------------------------------------------
+
+    def lead_or_follow(self, controller_epoch: int, partition_states: Iterable,
+                       topic_configs: Mapping[str, TopicConfig] | None = None) -> r.LeaderAndIsrResult:  # fmt: skip
+        """Open the logs the request starts hosting (with their topics' configs; a log opened
+        at start-up gets its topic's config here), then the core's step with each topic's
+        min.insync.replicas and max.message.bytes."""
+        configs = topic_configs or {}
+        states = tuple(partition_states)
+        for tp in self.core.missing_logs(controller_epoch, states):
+            self.core.add_log(tp, self.log_manager.get_or_create(tp, configs.get(tp[0])))
+        for state in states:
+            if state.topic in configs:
+                self.log_manager.configure((state.topic, state.partition), configs[state.topic])
+        settings = {topic: TopicSettings(c.min_insync_replicas, c.max_message_bytes)
+                    for topic, c in configs.items()}  # fmt: skip
+        ready = self.core.become_leader_or_follower(controller_epoch, states, self.now_ms(),
+                                                    settings)  # fmt: skip
+        self.execute(ready)
+        return ready.response
+
+    def stop(self, controller_epoch: int, tps, delete: bool) -> r.LeaderAndIsrResult:
+        ready = self.core.stop_replicas(controller_epoch, tps, delete, self.now_ms())
+        self.execute(ready)
+        return ready.response
+
+    # -- leader: produce and fetch ---------------------------------------------------------------
+
+    def append_to_leader(self, tp: TopicPartition, records, acks: int, timeout_ms: int,
+                         key_for: Callable[[int], object]) -> LeaderAppendResult:  # fmt: skip
+        """The core's checks, the producer state's verdict and the append; `key_for(first
+        offset)` names the produce if it waits for the HW."""
+        append = self.core.prepare_leader_append(tp, acks, records)
+        if isinstance(append, r.ProduceAnswer):
+            return LeaderAppendResult(append.error, append.message)
+        try:
+            info = self.log_manager.append_as_leader(tp, records, append.leader_epoch)
+        except tuple(e for e, _ in APPEND_ERRORS) as e:
+            log.info("%s-%d: batch refused: %s", *tp, e)
+            return LeaderAppendResult(next(c for t, c in APPEND_ERRORS if isinstance(e, t)), str(e))
+        if isinstance(info, RejectedAppend):
+            return LeaderAppendResult(info.error_code, info.message)
+        duplicate = isinstance(info, DuplicateBatch)
+        if duplicate:
+            # A retry of one of the producer's last 5 batches: nothing appended, answered with
+            # the offsets it got the first time (with acks=all once those are committed).
+            log.debug("%s-%d: producer %d resent the batch at %d; answered as a duplicate",
+                      *tp, info.producer_id, info.first_offset)  # fmt: skip
+        result = LeaderAppendResult(errors.NONE, None, info.first_offset,
+                                    self.log_manager.logs[tp].log_start_offset,
+                                    None if duplicate else info)  # fmt: skip
+        ready = self.core.on_leader_appended(append, acks, info.last_offset,
+                                             key_for(info.first_offset),
+                                             self.now_ms() + max(timeout_ms, 0))  # fmt: skip
+        self.execute(ready)
+        if ready.response is None:
+            result.waiting = True
+        else:
+            result.error, result.message = ready.response.error, ready.response.message
+        return result
+
+    def read_partition(self, tp: TopicPartition, fetch_offset: int, max_bytes: int,
+                       follower: bool, current_leader_epoch: int, first: bool) -> PartitionRead:  # fmt: skip
+        """Whole batches from `fetch_offset`: to the log end for a follower, the HW for a
+        consumer; at least one batch when `first` (KIP-74), none when the budget is gone."""
+        error, hosted = self.core.leader_for(tp, current_leader_epoch)
+        if hosted is None:
+            return PartitionRead(error)
+        lg, hw = self.log_manager.logs[tp], hosted.state.high_watermark
+        found = PartitionRead(errors.NONE, hw, lg.log_start_offset)
+        if max_bytes <= 0 and not first:
+            return found
+        try:
+            result = lg.read(fetch_offset, max(max_bytes, 1), None if follower else hw, first)
+        except OffsetOutOfRangeError:
+            found.error = errors.OFFSET_OUT_OF_RANGE
+            return found
+        found.records = result.slices
+        return found

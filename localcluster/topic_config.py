@@ -1,0 +1,174 @@
+"""TopicConfig: a topic's settings, parsed and checked once, with the broker's defaults beneath.
+
+A topic's config znode holds only its overrides, as strings (Kafka's form). `validate` checks
+overrides before anything is written (CreateTopics, and later AlterConfigs): an unknown name or
+a bad value raises `TopicConfigError` with Kafka's error code and a message naming the property,
+and nothing changes. `resolve` turns stored overrides plus the broker's defaults into one typed
+`TopicConfig`, the only form the rest of the broker reads; a stored value that no longer parses
+(a hand-edited znode) falls back to the broker's default with a warning instead of failing the
+partition.
+
+Kafka's names, types and ranges (its LogConfig). Supported and enforced here:
+- `cleanup.policy` (delete, compact or both): time and size retention apply only with delete,
+  as in Kafka; compact marks the topic for the log cleaner.
+- `retention.ms`, `retention.bytes` (-1: no limit), `segment.bytes`;
+- `max.message.bytes` (a larger batch gets MESSAGE_TOO_LARGE), `min.insync.replicas` (at most
+  the replication factor when it is known: above it no acks=all produce could ever succeed),
+  `unclean.leader.election.enable`.
+Imports nothing of the broker: its defaults come in as any object with BrokerConfig's fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+INVALID_REPLICATION_FACTOR = 38
+INVALID_CONFIG = 40
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+CLEANUP_POLICIES = ("delete", "compact")
+# Below this a segment cannot hold one batch header plus a record (our segments are maps).
+MIN_SEGMENT_BYTES = 1024
+
+
+class TopicConfigError(ValueError):
+    def __init__(self, error_code: int, message: str):
+        super().__init__(message)
+        self.error_code = error_code
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    cleanup_policy: tuple[str, ...]
+    retention_ms: int
+    retention_bytes: int
+    segment_bytes: int
+    max_message_bytes: int
+    min_insync_replicas: int
+    unclean_leader_election_enable: bool
+
+    @property
+    def deletes(self) -> bool:
+        """Time and size retention apply (cleanup.policy holds delete)."""
+        return "delete" in self.cleanup_policy
+
+    @property
+    def compacts(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+
+def _integer(low: int, high: int) -> Callable[[str, str], int]:
+    def parse(name: str, text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise TopicConfigError(
+                INVALID_CONFIG, f"{name}={text!r}: expected an integer"
+            ) from None
+        if not low <= value <= high:
+            bound = f"at least {low}" if high in (INT32_MAX, INT64_MAX) else f"in [{low}, {high}]"
+            raise TopicConfigError(INVALID_CONFIG, f"{name}={value}: must be {bound}")
+        return value
+
+    return parse
+
+
+def _boolean(name: str, text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: expected true or false")
+    return text.strip().lower() == "true"
+
+
+def _policy(name: str, text: str) -> tuple[str, ...]:
+    policies = tuple(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+    bad = [p for p in policies if p not in CLEANUP_POLICIES]
+    if bad or not policies:
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: use delete, compact or "
+                                               "delete,compact")  # fmt: skip
+    return policies
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    field: str  # TopicConfig's attribute
+    parse: Callable[[str, str], object]
+    default: Callable[[object], object]  # the broker's value (its BrokerConfig)
+
+
+SPECS: dict[str, _Spec] = {
+    "cleanup.policy": _Spec(
+        "cleanup_policy", _policy, lambda b: _policy("log.cleanup.policy", b.log_cleanup_policy)
+    ),  # fmt: skip
+    "retention.ms": _Spec("retention_ms", _integer(-1, INT64_MAX), lambda b: b.log_retention_ms),
+    "retention.bytes": _Spec(
+        "retention_bytes", _integer(-1, INT64_MAX), lambda b: b.log_retention_bytes
+    ),  # fmt: skip
+    "segment.bytes": _Spec(
+        "segment_bytes", _integer(MIN_SEGMENT_BYTES, INT32_MAX), lambda b: b.log_segment_bytes
+    ),  # fmt: skip
+    "max.message.bytes": _Spec(
+        "max_message_bytes", _integer(0, INT32_MAX), lambda b: b.message_max_bytes
+    ),  # fmt: skip
+    "min.insync.replicas": _Spec(
+        "min_insync_replicas", _integer(1, INT32_MAX), lambda b: b.min_insync_replicas
+    ),  # fmt: skip
+    "unclean.leader.election.enable": _Spec(
+        "unclean_leader_election_enable", _boolean, lambda b: b.unclean_leader_election_enable
+    ),  # fmt: skip
+}
+
+
+def validate(overrides: Mapping[str, str | None], replication_factor: int | None = None
+             ) -> dict[str, str]:  # fmt: skip
+    """Check a topic's overrides; their normalised strings to store. Raises TopicConfigError."""
+    unknown = sorted(set(overrides) - set(SPECS))
+    if unknown:
+        raise TopicConfigError(INVALID_CONFIG, f"unknown topic config {', '.join(unknown)}; "
+                                               f"known here: {', '.join(sorted(SPECS))}")  # fmt: skip
+    out = {}
+    for name, text in overrides.items():
+        if text is None:
+            raise TopicConfigError(INVALID_CONFIG, f"{name}: a value is required")
+        value = SPECS[name].parse(name, str(text))
+        out[name] = ",".join(value) if isinstance(value, tuple) else str(value).lower()
+    min_isr = out.get("min.insync.replicas")
+    if min_isr is not None and replication_factor is not None and int(min_isr) > replication_factor:
+        raise TopicConfigError(INVALID_CONFIG, f"min.insync.replicas={min_isr} is above the "
+                               f"replication factor {replication_factor}: no acks=all produce "
+                               "could ever succeed")  # fmt: skip
+    return out
+
+
+def resolve(overrides: Mapping[str, str] | None, broker, topic: str = "") -> TopicConfig:
+    """The effective config: each override parsed, the broker's value for the rest."""
+    values = {spec.field: spec.default(broker) for spec in SPECS.values()}
+    for name, text in (overrides or {}).items():
+        spec = SPECS.get(name)
+        if spec is None:
+            continue  # not ours (a config written by another tool): ignored, as Kafka does
+        try:
+            values[spec.field] = spec.parse(name, str(text))
+        except TopicConfigError as e:
+            log.warning("topic %s: ignoring the stored config %s (%s); using the broker's %r",
+                        topic, name, e, values[spec.field])  # fmt: skip
+    return TopicConfig(**values)
+
+
+def unclean_leader_election(overrides: Mapping[str, str] | None, default: bool) -> bool:
+    """The topic's unclean.leader.election.enable over the broker's (the controller's view)."""
+    text = (overrides or {}).get("unclean.leader.election.enable")
+    if text is None:
+        return default
+    try:
+        return _boolean("unclean.leader.election.enable", text)
+    except TopicConfigError:
+        return default
+
+
+def resolve_broker_defaults(broker) -> TopicConfig:
+    """The broker's own log.* values as a topic's (raises TopicConfigError on a bad one)."""
+    return TopicConfig(**{spec.field: spec.default(broker) for spec in SPECS.values()})

@@ -1,0 +1,60 @@
+"""The state-change log's JSON lines, and chaos_check reading them back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localcluster import cluster
+from localcluster.broker import state_change_log as scl
+from localcluster.replication import ready as r
+from localcluster.tools import chaos_check
+
+
+@pytest.fixture
+def log_path(tmp_path):
+    path = cluster.broker_dir(tmp_path, 2) / scl.FILE_NAME
+    path.parent.mkdir(parents=True)
+    scl.open_file(path, 2)
+    yield path
+    scl.close_file()
+
+
+def test_a_state_change_is_one_json_line_with_its_fields_and_a_message(log_path):
+    scl.log_state_change(r.Leading(("t", 0), 3, (1, 2), 0, 42, 40))
+    scl.log_state_change(r.Truncated(("t", 0), 10, 12, 9))
+    lines = log_path.read_text().splitlines()
+    assert len(lines) == 2
+    leading, truncated = (json.loads(line) for line in lines)
+    assert leading["event"] == "leading" and leading["broker"] == 2
+    assert (leading["topic"], leading["partition"], leading["leader_epoch"], leading["isr"],
+            leading["log_end_offset"], leading["high_watermark"]) == ("t", 0, 3, [1, 2], 42, 40)  # fmt: skip
+    assert leading["message"] == "leading t-0 in epoch 3, ISR [1, 2], offsets [0, 42), HW 40"
+    assert truncated["event"] == "truncated" and truncated["log_end_offset"] == 9
+    assert "truncated to 9" in truncated["message"]
+
+
+def test_chaos_check_reads_the_events_back_and_skips_torn_lines(log_path, tmp_path):
+    scl.log_state_change(r.Leading(("t", 1), 5, (2,), 0, 7, 7))
+    scl.log_state_change(r.Leading(("other", 0), 1, (2,), 0, 0, 0))
+    scl.write_event("elected", {"topic": "t", "partition": 1, "leader": 2, "leader_epoch": 5,
+                                "isr": [2], "election": "offline", "unclean": True}, "elected")  # fmt: skip
+    with open(log_path, "a") as f:
+        f.write('{"event": "leading", "topic": "t", "parti')  # a torn last line
+    events = chaos_check.broker_log_events(tmp_path, [1, 2], "t")
+    assert [(e.kind, e.broker, e.partition) for e in events] == [("elected", 2, 1),
+                                                                 ("leading", 2, 1)]  # fmt: skip
+    assert events[0].fields["unclean"] is True and events[1].fields["leader_epoch"] == 5
+    assert chaos_check.check_epochs(events) == []
+    assert chaos_check.broker_log_events(tmp_path, [2], "t", since_ms=events[-1].ms + 1) == []
+
+
+def test_every_state_change_type_has_a_name_and_json_fields():
+    update = __import__("localcluster.replication.partition", fromlist=["IsrUpdate"]).IsrUpdate(
+        "t", 0, 1, 2, (1, 2), 3, "caught up"
+    )
+    change = r.IsrProposed(update, (1,))
+    assert scl.event_name(change) == "isr_proposed"
+    assert json.loads(json.dumps(scl.fields(change)))["update"]["isr"] == [1, 2]
+    assert scl.event_name(r.LeaderAndIsrRejected(1, 2)) == "leader_and_isr_rejected"
