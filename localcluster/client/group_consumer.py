@@ -508,6 +508,8 @@ class ConsumerCoordinator:
                 await self._heartbeat_once()
             except KafkaError as e:
                 log.info("group %s: heartbeat failed: %s", self.group_id, e)
+            except Exception:  # a bug here must not end the heartbeats silently
+                log.exception("group %s: heartbeat failed", self.group_id)
 
     async def _heartbeat_once(self) -> None:
         body = {"group_id": self.group_id, "generation_id": self.generation_id,

@@ -222,3 +222,29 @@ def test_a_group_of_our_client_and_confluent_kafka_reads_each_record_once(bootst
         theirs.close()
     assert read_ours and read_theirs
     assert sorted(read_ours + read_theirs) == sorted(values)
+
+
+def test_a_static_member_restarted_within_its_session_keeps_its_partitions(bootstrap):
+    create_topic(bootstrap, "static")
+    settings = {**GROUP_SETTINGS, "group.id": "static-group", "session.timeout.ms": 10_000}
+    first = Consumer({**settings, "group.instance.id": "a"}, bootstrap_servers=bootstrap)
+    other = Consumer({**settings, "group.instance.id": "b"}, bootstrap_servers=bootstrap)
+    restarted = None
+    try:
+        for c in (first, other):
+            c.subscribe(["static"])
+        wait_until(lambda: poll_all([first, other], {}) or stable([first, other]), 30, 0,
+                   "both static members stable")  # fmt: skip
+        owned, generation = first.assignment(), other.coordinator.generation_id
+        first.close()  # a static member sends no LeaveGroup: the group keeps its place
+        restarted = Consumer({**settings, "group.instance.id": "a"}, bootstrap_servers=bootstrap)
+        restarted.subscribe(["static"])
+        wait_until(lambda: poll_all([restarted, other], {}) or stable([restarted, other]), 30, 0,
+                   "the restarted member is back")  # fmt: skip
+        assert sorted(restarted.assignment()) == sorted(owned)
+        assert restarted.coordinator.generation_id == generation  # no rebalance
+        assert other.coordinator.rebalances == 1
+    finally:
+        for c in (other, restarted):
+            if c is not None:
+                c.close()
