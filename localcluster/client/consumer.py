@@ -623,7 +623,14 @@ class Consumer:
             raise
 
     def _run(self, coro):
-        return self._thread.run(coro)
+        future = self._thread.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            # Ctrl-C (or SIGTERM made KeyboardInterrupt) in the caller: cancel the call on the
+            # loop too, so close() does not find a poll still pending
+            future.cancel()
+            raise
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._run(self._consumer.assign(partitions))

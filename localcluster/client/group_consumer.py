@@ -243,7 +243,7 @@ class ConsumerCoordinator:
                 failures += 1
             except KafkaError as e:
                 if not e.retriable:
-                    log.warning("group %s: cannot join: %s", self.group_id, e)
+                    log.info("group %s: cannot join: %s", self.group_id, e)  # poll raises it
                     self._fatal = e
                     return
                 failures += 1

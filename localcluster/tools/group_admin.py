@@ -9,6 +9,8 @@ ClusterError with one line saying what to do.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -212,7 +214,9 @@ def consume(spec: ClusterSpec, topic: str, group: str, write: Callable[[object],
     --from-beginning is auto.offset.reset=earliest for partitions without one) until
     max_messages, an idle timeout or Ctrl-C; commits what was written and leaves the group."""
     from localcluster.client import KafkaError
+    from localcluster.tools.cluster_admin import describe_topic
 
+    describe_topic(spec, topic)  # an unknown topic is an error here too, not a silent wait
     settings = {"group.id": group,
                 "auto.offset.reset": "earliest" if from_beginning else "latest", **properties}  # fmt: skip
     try:
@@ -220,6 +224,7 @@ def consume(spec: ClusterSpec, topic: str, group: str, write: Callable[[object],
     except ValueError as e:
         raise ClusterError(f"--consumer-property: {e}") from None
     count = 0
+    previous = _interrupt_on_sigterm()
     try:
         consumer.subscribe([topic])
         last = time.monotonic()
@@ -245,7 +250,23 @@ def consume(spec: ClusterSpec, topic: str, group: str, write: Callable[[object],
             consumer.close()  # commits (enable.auto.commit) and leaves the group
         except Exception:  # closing after Ctrl-C or a broker loss must not hide the count
             pass
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     return count
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM ends the loop as Ctrl-C does, so the member commits and leaves the group
+    (kafka-console-consumer.sh's shutdown hook); the previous handler, or None off the main
+    thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _rewind(consumer, unwritten) -> None:
