@@ -2,8 +2,8 @@
 
 One module per command group, each a thin face over the engines (cluster.py, supervisor.py,
 tools/): cluster (up, status, down), brokers (kill, start, shutdown, logs), partitions
-(elect, reassign), topics, records (produce, consume), storage (demo, log dump), perf and
-chaos; options holds what the cluster commands share. No protocol or storage logic lives
+(elect, reassign), topics, groups (consumer groups), records (produce, consume), storage
+(demo, log dump), perf and chaos; options holds what the cluster commands share. No protocol or storage logic lives
 here. Every cluster command takes --dir (or LOCALCLUSTER_DIR; default ./.localcluster).
 Exit codes: 0 ok, 1 failure (one line saying what is wrong and what to do), 2 usage
 (click's own).
@@ -16,7 +16,17 @@ import logging
 import click
 
 from localcluster import __version__
-from localcluster.cli import brokers, chaos, cluster, partitions, perf, records, storage, topics
+from localcluster.cli import (
+    brokers,
+    chaos,
+    cluster,
+    groups,
+    partitions,
+    perf,
+    records,
+    storage,
+    topics,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,7 +46,7 @@ for _command in (
     cluster.up, cluster.status, cluster.down,
     brokers.kill, brokers.start, brokers.shutdown, brokers.logs,
     partitions.elect, partitions.reassign,
-    topics.topic,
+    topics.topic, groups.groups,
     records.produce, records.consume,
     storage.demo, storage.log,
     perf.perf, chaos.chaos,

@@ -7,7 +7,14 @@ import sys
 
 import click
 
-from localcluster.cli.options import cluster_spec, dir_option, friendly, json_option, print_json
+from localcluster.cli.options import (
+    assignments,
+    cluster_spec,
+    dir_option,
+    friendly,
+    json_option,
+    print_json,
+)
 
 
 @click.command()
@@ -55,14 +62,28 @@ def produce(topic_name, key, key_separator, partition, acks, timeout_s, cluster_
               help="Stop after this long without a record.")  # fmt: skip
 @click.option("--print-key", is_flag=True, help="Print KEY<TAB>VALUE.")
 @click.option("--print-offset", is_flag=True, help="Prefix PARTITION:OFFSET<TAB>.")
+@click.option("--group", default=None, metavar="GROUP",
+              help="Consume as a member of consumer group GROUP: partitions from the group, "
+                   "start at its committed offsets, commit as it goes.")  # fmt: skip
+@click.option("--consumer-property", "properties", multiple=True, metavar="KEY=VALUE",
+              callback=assignments("session.timeout.ms=10000"),
+              help="A consumer setting, Kafka's name (repeatable; with --group).")  # fmt: skip
 @dir_option
 @json_option
 @friendly
 def consume(topic_name, from_beginning, partitions, max_messages, idle_timeout_ms, print_key,
-            print_offset, cluster_dir, as_json):  # fmt: skip
-    """Print TOPIC's records, one per line (--json: one JSON object per line)."""
+            print_offset, group, properties, cluster_dir, as_json):  # fmt: skip
+    """Print TOPIC's records, one per line (--json: one JSON object per line).
+
+    With --group the partitions come from the group and --from-beginning applies only to
+    partitions the group has no committed offset for (auto.offset.reset=earliest), as in
+    kafka-console-consumer.sh."""
     from localcluster.tools import cluster_admin
 
+    if group is None and properties:
+        raise click.UsageError("--consumer-property needs --group")
+    if group is not None and partitions:
+        raise click.UsageError("--partition and --group are exclusive: the group assigns them")
     directory, spec = cluster_spec(cluster_dir)
 
     def text(data: bytes | None) -> str | None:
@@ -81,7 +102,14 @@ def consume(topic_name, from_beginning, partitions, max_messages, idle_timeout_m
             line = f"{record.partition}:{record.offset}\t{line}"
         click.echo(line)
 
-    count = cluster_admin.consume(spec, topic_name, write, from_beginning=from_beginning,
-                                  partitions=list(partitions) or None, max_messages=max_messages,
-                                  idle_timeout_ms=idle_timeout_ms)  # fmt: skip
+    if group is not None:
+        from localcluster.tools import group_admin
+
+        count = group_admin.consume(spec, topic_name, group, write, from_beginning=from_beginning,
+                                    max_messages=max_messages, idle_timeout_ms=idle_timeout_ms,
+                                    properties=properties)  # fmt: skip
+    else:
+        count = cluster_admin.consume(spec, topic_name, write, from_beginning=from_beginning,
+                                      partitions=list(partitions) or None,
+                                      max_messages=max_messages, idle_timeout_ms=idle_timeout_ms)  # fmt: skip
     click.echo(f"processed a total of {count} messages", err=True)

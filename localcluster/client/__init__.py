@@ -1,4 +1,5 @@
-"""localcluster's own Kafka client: producer, consumer (manual assignment) and admin.
+"""localcluster's own Kafka client: producer, consumer (manual assignment or a consumer group)
+and admin.
 
 asyncio at the core (`AsyncProducer`, `AsyncConsumer`, `AsyncAdmin`), with synchronous
 facades (`Producer`, `Consumer`, `Admin`) that run the same code on an event loop in a
@@ -18,6 +19,7 @@ from localcluster.client.connection import (
     RequestTimedOutError,
 )
 from localcluster.client.consumer import AsyncConsumer, Consumer, ConsumerRecord
+from localcluster.client.group_consumer import CommitFailedError
 from localcluster.client.metadata import BrokerInfo, PartitionInfo
 from localcluster.client.producer import AsyncProducer, Producer, murmur2, partition_for_key
 from localcluster.storage.record_batch import Record
@@ -25,6 +27,6 @@ from localcluster.storage.record_batch import Record
 __all__ = [
     "Admin", "AsyncAdmin", "ClusterDescription", "TopicDescription", "Address",
     "BrokerConnection", "KafkaConnectionError", "KafkaError", "OffsetOutOfRangeError",
-    "RequestTimedOutError", "AsyncConsumer", "Consumer", "ConsumerRecord", "BrokerInfo",
-    "PartitionInfo", "AsyncProducer", "Producer", "murmur2", "partition_for_key", "Record",
+    "RequestTimedOutError", "AsyncConsumer", "Consumer", "ConsumerRecord", "CommitFailedError",
+    "BrokerInfo", "PartitionInfo", "AsyncProducer", "Producer", "murmur2", "partition_for_key", "Record",
 ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""The admin client: create topics, describe the cluster and its topics, list topics.
+"""The admin client: create topics, describe the cluster and its topics, list topics, and
+consumer groups (list, describe, committed offsets, alter offsets, delete).
 
 Descriptions come from Metadata requests (never auto-creating a topic): brokers and the
 controller for `describe_cluster`, leader, leader epoch, replicas, ISR and offline replicas
@@ -6,6 +7,12 @@ per partition for `describe_topic`. `create_topic` sends CreateTopics to the con
 broker when the controller is unknown or unreachable; every broker here can create topics)
 and raises KafkaError with the broker's error code and message on failure
 (TOPIC_ALREADY_EXISTS is code 36). `Admin` is the synchronous facade.
+
+Groups as Kafka's AdminClient reaches them: ListGroups goes to every broker (each lists the
+groups it coordinates); DescribeGroups, OffsetFetch, OffsetCommit and DeleteGroups go to the
+group's coordinator (FindCoordinator), found again after NOT_COORDINATOR or
+COORDINATOR_NOT_AVAILABLE and retried on COORDINATOR_LOAD_IN_PROGRESS until
+request.timeout.ms.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from localcluster.client import group_requests
 from localcluster.client.connection import (
     DEFAULT_CLIENT_ID,
     SECURITY_DEFAULTS,
@@ -26,7 +34,19 @@ from localcluster.client.connection import (
     check_error,
     resolve_config,
 )
-from localcluster.client.metadata import BrokerInfo, Cluster, PartitionInfo, TopicInfo
+from localcluster.client.group_requests import COORDINATOR_ERRORS
+from localcluster.client.metadata import (
+    BrokerInfo,
+    Cluster,
+    PartitionInfo,
+    TopicInfo,
+    TopicPartition,
+)
+from localcluster.group.consumer_protocol import (
+    ConsumerProtocolError,
+    decode_assignment,
+    decode_subscription,
+)
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
 
@@ -50,6 +70,52 @@ class ClusterDescription:
 class TopicDescription:
     name: str
     partitions: tuple[PartitionInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    group_id: str
+    protocol_type: str
+    state: str  # "" from brokers that answer ListGroups v0-v3
+    coordinator: int  # the broker that listed it
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    topics: tuple[str, ...]  # subscribed (consumer protocol), () when unreadable
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group_id: str
+    state: str  # Empty, PreparingRebalance, CompletingRebalance, Stable, Dead
+    protocol_type: str
+    protocol: str
+    coordinator: int
+    members: tuple[MemberDescription, ...]
+
+
+def _member(m, consumer: bool) -> MemberDescription:
+    topics: tuple[str, ...] = ()
+    assignment: tuple[TopicPartition, ...] = ()
+    if consumer:  # other protocol types carry bytes only their clients read
+        try:
+            topics = decode_subscription(bytes(m.member_metadata)).topics
+        except ConsumerProtocolError:
+            pass
+        try:
+            if m.member_assignment:
+                parts = decode_assignment(bytes(m.member_assignment)).assigned_partitions
+                assignment = tuple((t, p) for t, ps in parts for p in ps)
+        except ConsumerProtocolError:
+            pass
+    return MemberDescription(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                             tuple(topics), assignment)  # fmt: skip
 
 
 class AsyncAdmin:
@@ -171,6 +237,113 @@ class AsyncAdmin:
         snapshot = await self._metadata(None)
         return sorted(snapshot.topics)
 
+    # -- consumer groups ----------------------------------------------------------------------
+
+    async def _at_coordinator(self, group_id: str, ask):
+        """`await ask(connection)` -> (error code, result) at the group's coordinator, again
+        at the new one after a coordinator error, until request.timeout.ms; (node id, result)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config["request.timeout.ms"] / 1000
+        while True:
+            found = await group_requests.find_coordinator(self.cluster, group_id,
+                                                          self.config["request.timeout.ms"])  # fmt: skip
+            if found.node_id not in self.cluster.metadata.brokers:
+                await self.cluster.refresh_metadata()
+            try:
+                connection = await self.cluster.connection(found.node_id)
+                code, result = await ask(connection)
+            except KafkaConnectionError as e:
+                code, result = -1, e
+            retriable = code in COORDINATOR_ERRORS or code in (
+                -1, ErrorCode.coordinator_load_in_progress)  # fmt: skip
+            if not retriable:
+                check_error(code, f"group {group_id!r}")
+                return found.node_id, result
+            if loop.time() > deadline:
+                if isinstance(result, KafkaError):
+                    raise result
+                check_error(code, f"group {group_id!r}")
+            await asyncio.sleep(0.1)
+
+    async def list_groups(self) -> list[GroupListing]:
+        """Every group any live broker coordinates (ListGroups to each broker). A broker
+        that cannot answer raises KafkaError naming it."""
+        snapshot = await self._metadata([])
+        self.cluster.metadata.brokers = snapshot.brokers
+        out: list[GroupListing] = []
+        for node_id in sorted(snapshot.brokers):
+            connection = await self.cluster.connection(node_id)
+            for _attempt in range(20):  # COORDINATOR_LOAD_IN_PROGRESS: a shard is loading
+                answer = await group_requests.call(connection, ApiKey.LIST_GROUPS,
+                                                   {"states_filter": [], "types_filter": []})  # fmt: skip
+                if answer.error_code != ErrorCode.coordinator_load_in_progress:
+                    break
+                await asyncio.sleep(0.1)
+            check_error(answer.error_code, f"ListGroups at broker {node_id}")
+            out += [GroupListing(g.group_id, g.protocol_type, getattr(g, "group_state", ""), node_id)
+                    for g in answer.groups]  # fmt: skip
+        return sorted(out, key=lambda g: g.group_id)
+
+    async def describe_group(self, group_id: str) -> GroupDescription:
+        """State, protocol and members of one group (state Dead: no such group)."""
+
+        async def ask(connection):
+            answer = await group_requests.call(connection, ApiKey.DESCRIBE_GROUPS,
+                                               {"groups": [group_id],
+                                                "include_authorized_operations": False})  # fmt: skip
+            group = answer.groups[0]
+            return int(group.error_code), group
+
+        node_id, g = await self._at_coordinator(group_id, ask)
+        consumer = g.protocol_type == "consumer"
+        return GroupDescription(g.group_id, g.group_state, g.protocol_type, g.protocol_data,
+                                node_id, tuple(_member(m, consumer) for m in g.members))  # fmt: skip
+
+    async def list_group_offsets(
+        self, group_id: str, partitions: list[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
+        """The group's committed offsets ({} for a group with none); -1: none committed."""
+
+        async def ask(connection):
+            try:
+                return 0, await group_requests.offset_fetch(connection, group_id, partitions)
+            except KafkaError as e:
+                if isinstance(e, KafkaConnectionError):
+                    raise
+                return e.code, e
+
+        return (await self._at_coordinator(group_id, ask))[1]
+
+    async def alter_group_offsets(self, group_id: str,
+                                  offsets: dict[TopicPartition, int]) -> None:  # fmt: skip
+        """Commit offsets for a group with no members (the coordinator refuses otherwise:
+        UNKNOWN_MEMBER_ID), as kafka-consumer-groups.sh --reset-offsets does."""
+
+        async def ask(connection):
+            errors = await group_requests.offset_commit(connection, group_id, offsets)
+            failed = [(tp, code) for tp, code in sorted(errors.items()) if code]
+            if not failed:
+                return 0, None
+            (topic, partition), code = failed[0]
+            if code in COORDINATOR_ERRORS or code == ErrorCode.coordinator_load_in_progress:
+                return code, None
+            raise KafkaError.from_code(
+                code, f"commit of {topic}-{partition} for group {group_id!r}"
+            )
+
+        await self._at_coordinator(group_id, ask)
+
+    async def delete_group(self, group_id: str) -> None:
+        """DeleteGroups: GROUP_ID_NOT_FOUND for no such group, NON_EMPTY_GROUP while it has
+        members."""
+
+        async def ask(connection):
+            answer = await group_requests.call(connection, ApiKey.DELETE_GROUPS,
+                                               {"groups_names": [group_id]})  # fmt: skip
+            return int(answer.results[0].error_code), None
+
+        await self._at_coordinator(group_id, ask)
+
     async def wait_for_leaders(self, name: str, timeout_s: float = 10.0) -> TopicDescription:
         """describe_topic until every partition has a leader (a new topic's first moments)."""
         loop = asyncio.get_running_loop()
@@ -226,6 +399,22 @@ class Admin:
 
     def wait_for_leaders(self, name: str, timeout_s: float = 10.0) -> TopicDescription:
         return self._thread.run(self._admin.wait_for_leaders(name, timeout_s))
+
+    def list_groups(self) -> list[GroupListing]:
+        return self._thread.run(self._admin.list_groups())
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        return self._thread.run(self._admin.describe_group(group_id))
+
+    def list_group_offsets(self, group_id: str,
+                           partitions: list[TopicPartition] | None = None) -> dict[TopicPartition, int]:  # fmt: skip
+        return self._thread.run(self._admin.list_group_offsets(group_id, partitions))
+
+    def alter_group_offsets(self, group_id: str, offsets: dict[TopicPartition, int]) -> None:
+        self._thread.run(self._admin.alter_group_offsets(group_id, offsets))
+
+    def delete_group(self, group_id: str) -> None:
+        self._thread.run(self._admin.delete_group(group_id))
 
     def close(self) -> None:
         try:

@@ -1,8 +1,11 @@
-"""The consumer: manual assignment, positions, and Fetch requests to partition leaders.
+"""The consumer: assignment, positions, and Fetch requests to partition leaders.
 
-No consumer groups here (no subscribe, no committed offsets): `assign` a list of
-(topic, partition), then `seek`/`seek_to_beginning`/`seek_to_end` or let `auto.offset.reset`
-(earliest | latest | none; Kafka's default latest) pick the first position. `poll` keeps at
+Either `assign` a list of (topic, partition), then `seek`/`seek_to_beginning`/`seek_to_end` or
+let `auto.offset.reset` (earliest | latest | none; Kafka's default latest) pick the first
+position; or, with `group.id`, `subscribe` to topics and let the group assign partitions
+(group_consumer.py: joining, heartbeats, commits; positions start at the committed offsets).
+`commit` and `committed` work in both modes when group.id is set (a manually assigned
+consumer commits as Kafka's "simple" consumer, with no generation). `poll` keeps at
 most one Fetch in flight per leader broker, across calls as Kafka's Fetcher does, and returns
 the records of whichever answers first, up to `max.poll.records`.
 
@@ -39,6 +42,11 @@ from localcluster.client.connection import (
     OffsetOutOfRangeError,
     resolve_config,
 )
+from localcluster.client.group_consumer import (
+    GROUP_DEFAULTS,
+    ConsumerCoordinator,
+    validate_group_config,
+)
 from localcluster.client.metadata import Cluster, TopicPartition
 from localcluster.protocol import fetch, messages
 from localcluster.protocol.api import ApiKey
@@ -68,8 +76,10 @@ DEFAULTS = {
     "metadata.max.age.ms": 300_000,
     "reconnect.backoff.ms": 50,
     "allow.auto.create.topics": True,
+    **GROUP_DEFAULTS,
     **SECURITY_DEFAULTS,
 }
+CLOSE_TIMEOUT_S = 30.0  # Java's KafkaConsumer.close() default
 RESET_POLICIES = ("earliest", "latest", "none")
 METADATA_ERRORS = {ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition,
                    ErrorCode.leader_not_available, ErrorCode.fenced_leader_epoch,
@@ -140,6 +150,7 @@ class AsyncConsumer:
         if self.config["auto.offset.reset"] not in RESET_POLICIES:
             raise ValueError(f"auto.offset.reset={self.config['auto.offset.reset']!r}: use "
                              f"{', '.join(RESET_POLICIES)}")  # fmt: skip
+        validate_group_config(self.config)
         c = self.config
         self.cluster = Cluster(bootstrap_servers, cluster_dir, client_id=c["client.id"],
                                security=ClientSecurity.from_config(c),
@@ -151,6 +162,8 @@ class AsyncConsumer:
         self._fetches: dict[int, asyncio.Task] = {}
         self._ready: asyncio.Event = asyncio.Event()
         self._started = False
+        self.coordinator: ConsumerCoordinator | None = None  # once subscribed
+        self._simple_group: ConsumerCoordinator | None = None  # commits of an assigned consumer
 
     async def start(self) -> AsyncConsumer:
         await self.cluster.start()
@@ -163,7 +176,11 @@ class AsyncConsumer:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Commit and leave the group (when subscribed), then close every connection."""
+        for group in (self.coordinator, self._simple_group):
+            if group is not None:
+                await group.close(timeout_s)
         for task in self._fetches.values():
             task.cancel()
         await asyncio.gather(*self._fetches.values(), return_exceptions=True)
@@ -174,6 +191,9 @@ class AsyncConsumer:
 
     async def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Replace the assignment; partitions kept keep their positions."""
+        if self.coordinator is not None:
+            raise KafkaError("this consumer is subscribed: assign and subscribe are exclusive "
+                             "(unsubscribe first)")  # fmt: skip
         wanted = [(str(t), int(p)) for t, p in partitions]
         self._assignment = {tp: self._assignment.get(tp) or PartitionState() for tp in wanted}
         if self.cluster.add_topics(t for t, _ in wanted):
@@ -181,6 +201,67 @@ class AsyncConsumer:
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assignment)
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Join group.id's group for these topics; the next polls join and get partitions."""
+        topics = [str(t) for t in ([topics] if isinstance(topics, str) else topics)]
+        if not self.config["group.id"]:
+            raise KafkaError("subscribe needs group.id (a consumer group to join)")
+        if not topics:
+            raise ValueError("subscribe to at least one topic (unsubscribe to stop)")
+        if self._assignment and self.coordinator is None:
+            raise KafkaError("this consumer has assigned partitions: assign and subscribe are "
+                             "exclusive (assign([]) first)")  # fmt: skip
+        if self.coordinator is None:
+            self.coordinator = ConsumerCoordinator(self, topics)
+            self.coordinator.start()
+        else:
+            self.coordinator.subscribe(topics)
+
+    async def unsubscribe(self) -> None:
+        """Commit (auto commit) and leave the group; the assignment becomes empty."""
+        if self.coordinator is not None:
+            coordinator, self.coordinator = self.coordinator, None
+            await coordinator.close(CLOSE_TIMEOUT_S)
+        self._assignment = {}
+
+    def subscription(self) -> list[str]:
+        return list(self.coordinator.subscription) if self.coordinator else []
+
+    def _group(self) -> ConsumerCoordinator:
+        if self.coordinator is not None:
+            return self.coordinator
+        if not self.config["group.id"]:
+            raise KafkaError("committed offsets need group.id")
+        if self._simple_group is None:  # never joins: commits with generation -1
+            self._simple_group = ConsumerCoordinator(self, ())
+        return self._simple_group
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None, *,
+                     asynchronous: bool = False) -> None:  # fmt: skip
+        """Commit offsets (default: the position of every assigned partition, i.e. after the
+        records poll returned). Raises CommitFailedError if the group rebalanced meanwhile."""
+        group = self._group()
+        if asynchronous:
+            group.commit_async(offsets)
+        else:
+            await group.commit(offsets)
+
+    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The group's committed offset of each partition (-1: none)."""
+        return await self._group().committed(partitions)
+
+    def set_group_assignment(self, positions: Mapping[TopicPartition, int | None]) -> None:
+        """The group coordinator's hook: replace the assignment at once, each partition at
+        its committed offset (None: by auto.offset.reset)."""
+        self._assignment = {tp: PartitionState(position=p) for tp, p in positions.items()}
+        self._ready.set()  # a waiting poll looks at the new assignment
+
+    def consumed_positions(self) -> dict[TopicPartition, int]:
+        """What a commit records: the position of each assigned partition that has one."""
+        return {tp: s.position for tp, s in self._assignment.items() if s.position is not None}
 
     def _state(self, tp: TopicPartition) -> PartitionState:
         state = self._assignment.get(tuple(tp))
@@ -334,6 +415,10 @@ class AsyncConsumer:
         """Records from the assigned partitions; waits up to timeout_ms for some to arrive."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 0) / 1000
+        if self.coordinator is not None and not await self.coordinator.poll(
+            max(timeout_ms, 0) / 1000
+        ):
+            return []  # still joining; the rebalance goes on until the next poll
         while True:
             self._raise_errors()
             records = self._take(self.config["max.poll.records"])
@@ -538,13 +623,44 @@ class Consumer:
             raise
 
     def _run(self, coro):
-        return self._thread.run(coro)
+        future = self._thread.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            # Ctrl-C (or SIGTERM made KeyboardInterrupt) in the caller: cancel the call on the
+            # loop too, so close() does not find a poll still pending
+            future.cancel()
+            raise
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         self._run(self._consumer.assign(partitions))
 
     def assignment(self) -> list[TopicPartition]:
         return self._consumer.assignment()
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        async def go():
+            self._consumer.subscribe(topics)
+
+        self._run(go())
+
+    def unsubscribe(self) -> None:
+        self._run(self._consumer.unsubscribe())
+
+    def subscription(self) -> list[str]:
+        return self._consumer.subscription()
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None, *,
+               asynchronous: bool = False) -> None:  # fmt: skip
+        self._run(self._consumer.commit(offsets, asynchronous=asynchronous))
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._run(self._consumer.committed(partitions))
+
+    @property
+    def coordinator(self):
+        """The group membership (member_id, generation_id, assigned, ...) once subscribed."""
+        return self._consumer.coordinator
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         async def go():
@@ -573,9 +689,9 @@ class Consumer:
     def offsets_for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict:
         return self._run(self._consumer.offsets_for_times(timestamps))
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         try:
-            self._run(self._consumer.close())
+            self._run(self._consumer.close(timeout_s))
         finally:
             self._thread.stop()
 

@@ -23,6 +23,8 @@ LAYERS = (
     ("localcluster.controller.channel", "runtime"),
     ("localcluster.controller", "cores"),
     ("localcluster.replication", "cores"),
+    # the consumer protocol's embedded bytes: wire format the client encodes too
+    ("localcluster.group.consumer_protocol", "base"),
     ("localcluster.group", "cores"),
     ("localcluster.broker", "runtime"),
     ("localcluster.cli", "faces"),
