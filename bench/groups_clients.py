@@ -331,9 +331,15 @@ class Reader:
         with self.lock:
             self.commits.append((started, time.monotonic(), offsets, error))
 
-    def snapshot(self) -> tuple[list, list]:
+    def snapshot(self, received_from: int = 0, commits_from: int = 0) -> tuple[list, list]:
+        """Copies of `received` and `commits` from these indexes on (a poll during a kill
+        copies what came since, not the whole run)."""
         with self.lock:
-            return list(self.received), list(self.commits)
+            return self.received[received_from:], self.commits[commits_from:]
+
+    def counts(self) -> tuple[int, int]:
+        with self.lock:
+            return len(self.received), len(self.commits)
 
     def stop(self) -> None:
         self._stop.set()
