@@ -351,6 +351,61 @@ def section_commit(docs: dict) -> list[str]:
     return out
 
 
+def section_groups(docs: dict) -> list[str]:
+    """bench.groups: OffsetCommit beside Produce, rebalance times, coordinator failover."""
+    groups = docs.get("groups")
+    if not groups or "config" not in groups:
+        return ["_bench.groups did not run._", ""]
+    out = []
+    commits = groups.get("commit") or []
+    if commits:
+        rows = []
+        for r in commits:
+            c, p = r["offset_commit_ms"], r["produce_ms"]
+            rows.append([r["label"], c["samples"], ms(c["p50"]), ms(c["p99"]), ms(c["p99.9"]), ms(p["p50"]),
+                         ms(p["p99"]), ms(p["p99.9"]), num(r["ratio_p50"], 2), num(r["ratio_p99"], 2),
+                         sum(r["errors"].values())])  # fmt: skip
+        out.append(table(["client", "samples", "commit p50 ms", "p99 ms", "p99.9 ms", "produce p50 ms", "p99 ms",
+                          "p99.9 ms", "commit/produce p50", "p99", "errors"], rows))  # fmt: skip
+        out.append(f"\nSynchronous OffsetCommits of one partition alternating with synchronous acks=all Produces of a "
+                   f"record of the commit record's key and value sizes ({commits[0]['key_bytes']} + "
+                   f"{commits[0]['value_bytes']} bytes), {num(groups['config'].get('commit_rate_per_s'))} calls/s, to "
+                   "a partition with the same leader and followers as the group's offsets partition: the ratio is "
+                   "what the coordinator adds to an acks=all append.\n")  # fmt: skip
+    rebalance = (groups.get("rebalance") or {}).get("summary") or []
+    if rebalance:
+        out.append(table(["members", "runs", "join p50 ms", "join max ms", "leave p50 ms", "leave max ms"],
+                         [[s["members"], s["runs"], num(_s_to_ms(s["join_p50_s"])), num(_s_to_ms(s["join_max_s"])),
+                           num(_s_to_ms(s["leave_p50_s"])), num(_s_to_ms(s["leave_max_s"]))] for s in rebalance]))  # fmt: skip
+        out.append("\nconfluent-kafka members with their defaults (range assignor, heartbeat.interval.ms 3000); "
+                   "join: the last subscribe() to every member holding its final assignment; leave: one member's "
+                   "close() to the others' new assignments. group.initial.rebalance.delay.ms "
+                   f"{groups['config'].get('group_initial_rebalance_delay_ms', '?')}.\n")  # fmt: skip
+    failover = groups.get("failover")
+    if failover:
+        s, c = failover["summary"], failover["check"]
+        out.append(table(["from the SIGKILL of the coordinator's broker to", "kills", "p50 ms", "p99 ms", "max ms"],
+                         [[what, f"{s[key]['measured']}/{s[key]['of']}", num(_s_to_ms(s[key]["p50"])),
+                           num(_s_to_ms(s[key]["p99"])), num(_s_to_ms(s[key]["max"]))]
+                          for what, key in (("FindCoordinator naming a new coordinator", "coordinator_named_s"),
+                                            ("a commit succeeding again", "commit_ok_s"),
+                                            ("the member receiving new records", "records_again_s"))]))  # fmt: skip
+        kills = failover["kills"]
+        at_kill = [k["uncommitted_at_kill"] for k in kills]
+        at_recovery = [k["uncommitted_at_recovery"] for k in kills]
+        out.append(f"\nAt-least-once: per kill the member had {', '.join(map(str, at_kill))} records beyond its last "
+                   f"acknowledged commit at the kill and {', '.join(map(str, at_recovery))} when its first commit "
+                   f"after it started (what a restart then would receive again); {c['redelivered']:,} records "
+                   f"were received twice and {c['lost']:,} of {c['acknowledged']:,} acknowledged were lost; the "
+                   f"offset committed for a second group before each kill read back the same from the new "
+                   f"coordinator in {sum(1 for k in kills if k['sentinel_ok'])} of {len(kills)} kills.\n")  # fmt: skip
+    return out
+
+
+def _s_to_ms(seconds):
+    return None if seconds is None else seconds * 1000
+
+
 def render(directory: Path, steps: list[dict] | None = None) -> Path:
     directory = Path(directory)
     docs = load(directory)
@@ -472,6 +527,9 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
         md += section_failover_clients(fo)
     else:
         md.append("_bench.failover did not run._\n")
+
+    md.append("## Consumer groups (bench.groups)\n")
+    md += section_groups(docs)
 
     md.append("## Peers\n")
     peers = peers_of(docs)
