@@ -141,14 +141,14 @@ def up(count, racks, settings, data_dir, detach, zookeeper, port_base, listener_
 @json_option
 @friendly
 def status(watch, interval_s, refreshes, cluster_dir, as_json):
-    """Brokers, controller, partitions (leader, epoch, AR, ISR, CUR, RAR, LEO/HW)."""
+    """Brokers, controller, partitions (leader, epoch, AR, ISR, CUR, RAR, LEO/HW), groups (coordinator, lag)."""
     from localcluster.tools import cluster_view
 
     directory, spec = cluster_spec(cluster_dir)
     if watch:
         cluster_view.watch(directory, spec, interval_s, refreshes, as_json)
         return
-    state = cluster.status(directory, spec)
+    state = cluster_view.with_groups(cluster.status(directory, spec), spec)
     if as_json:
         print_json(state)
     else:

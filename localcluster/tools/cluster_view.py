@@ -17,10 +17,27 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+OFFSETS_TOPIC = "__consumer_offsets"  # the brokers' (broker/metadata.py); faces import no runtime
+
 _consoles: dict[bool, Console] = {}
 # Without a terminal (a pipe, a log file) tables render at their natural width and lines are
 # never wrapped: nothing a user copies (an address, a setting) may be cut or split.
 NATURAL_WIDTH = 100_000
+
+
+def with_groups(state: dict, spec) -> dict:
+    """`state` with each consumer group's coordinator, members and lag, once the cluster has
+    an offsets topic (asking costs a client's round trips; without groups nothing is asked)."""
+    if not any(p["topic"] == OFFSETS_TOPIC for p in state["partitions"]):
+        return state
+    from localcluster.cluster import ClusterError
+    from localcluster.tools.group_admin import groups_summary
+
+    try:
+        state["groups"] = groups_summary(spec)
+    except ClusterError as e:
+        state["groups_error"] = str(e)
+    return state
 
 
 def console(stderr: bool = False) -> Console:
@@ -67,6 +84,8 @@ def partitions_table(state: dict) -> Table:
                  "LEO/HW per replica", "flags"):  # fmt: skip
         table.add_column(name, no_wrap=True)
     for p in state["partitions"]:
+        if p["topic"] == OFFSETS_TOPIC:
+            continue  # summarised in one line (internal_lines): 50 rows would bury the rest
         offsets = " ".join(f"{b}:{o['log_end_offset']}/{o['high_watermark']}"
                            for b, o in sorted(p["replica_offsets"].items())) or "-"  # fmt: skip
         flags = []
@@ -96,15 +115,53 @@ def summary_lines(state: dict) -> list[str]:
     return lines
 
 
+def internal_lines(state: dict) -> list[str]:
+    offsets = [p for p in state["partitions"] if p["topic"] == OFFSETS_TOPIC]
+    if not offsets:
+        return []
+    offline = sum(p["offline"] for p in offsets)
+    under = sum(p["under_replicated"] for p in offsets)
+    return [
+        f"{OFFSETS_TOPIC}: {len(offsets)} partitions, {offline} offline, {under} "
+        "under-replicated (`localcluster topic describe __consumer_offsets` lists them)"
+    ]
+
+
+def groups_table(groups: list[dict]) -> Table:
+    table = Table(title="consumer groups", title_justify="left")
+    for name in ("group", "state", "coordinator", "members", "lag"):
+        table.add_column(name, no_wrap=True)
+    for g in groups:
+        if g.get("error"):
+            table.add_row(g["group"], g["state"] or "-", str(g["coordinator"]), "-",
+                          Text(g["error"], style="yellow"))  # fmt: skip
+            continue
+        table.add_row(g["group"], g["state"], str(g["coordinator"]), str(g["members"]),
+                      "-" if g["lag"] is None else str(g["lag"]))  # fmt: skip
+    return table
+
+
+def _parts(state: dict) -> list:
+    parts: list = []
+    if any(p["topic"] != OFFSETS_TOPIC for p in state["partitions"]):
+        parts.append(partitions_table(state))
+    elif not state["partitions"]:
+        parts.append("no topics yet (`localcluster topic create NAME -p 3 -r 3`)")
+    parts.extend(internal_lines(state))
+    if state.get("groups"):
+        parts.append(groups_table(state["groups"]))
+    elif state.get("groups_error"):
+        parts.append(f"consumer groups: {state['groups_error']}")
+    return parts
+
+
 def status(state: dict) -> None:
     c = console()
     c.print(brokers_table(state))
     for line in summary_lines(state):
         c.print(line)
-    if state["partitions"]:
-        c.print(partitions_table(state))
-    else:
-        c.print("no topics yet (`localcluster topic create NAME -p 3 -r 3`)")
+    for part in _parts(state):
+        c.print(part)
 
 
 def ready(state: dict, controller: int | None, detached: bool) -> None:
@@ -215,7 +272,7 @@ def watch(directory: Path, spec, interval_s: float, refreshes: int | None, as_js
     def frame():
         nonlocal previous, last
         now = time.monotonic()
-        state = cluster.status(directory, spec)
+        state = with_groups(cluster.status(directory, spec), spec)
         rows, previous = _rate_rows(directory, previous, now - last)
         last = now
         return state, rows
@@ -224,8 +281,7 @@ def watch(directory: Path, spec, interval_s: float, refreshes: int | None, as_js
         parts = [brokers_table(state), *summary_lines(state)]
         parts.append(rates_table(rows) if rows else
                      "no metrics yet (brokers write the board once they record traffic)")  # fmt: skip
-        if state["partitions"]:
-            parts.append(partitions_table(state))
+        parts.extend(_parts(state))
         return Group(*parts)
 
     try:

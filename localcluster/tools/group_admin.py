@@ -99,6 +99,30 @@ def describe_group(spec: ClusterSpec, group: str) -> dict:
             "partitions": rows}  # fmt: skip
 
 
+MAX_GROUPS_IN_STATUS = 20  # `status` describes at most this many (each costs a round trip)
+
+
+def groups_summary(spec: ClusterSpec) -> list[dict]:
+    """One row per group for `status`: state, coordinator, members and total lag (the sum
+    over its partitions with a committed offset). A group that cannot be described right now
+    (its coordinator moves) shows its error instead of failing the status."""
+    rows = []
+    for listed in list_groups(spec)[:MAX_GROUPS_IN_STATUS]:
+        try:
+            described = describe_group(spec, listed["group"])
+        except ClusterError as e:
+            rows.append({"group": listed["group"], "state": listed["state"],
+                         "coordinator": listed["coordinator"], "members": None, "lag": None,
+                         "error": str(e)})  # fmt: skip
+            continue
+        lags = [p["lag"] for p in described["partitions"] if p["lag"] is not None]
+        rows.append({"group": described["group"], "state": described["state"],
+                     "coordinator": described["coordinator"],
+                     "members": len(described["members"]),
+                     "lag": sum(lags) if lags else None, "error": None})  # fmt: skip
+    return rows
+
+
 def _end_offsets(spec: ClusterSpec, partitions) -> dict:
     """Log end offsets (high watermarks); partitions whose topic is gone are left out."""
     from localcluster.client import KafkaError

@@ -115,6 +115,20 @@ def test_describe_shows_lag_and_a_second_consumer_resumes_after_the_commits(cli,
     assert cells[:5] == ["orders", str(lagging["partition"]), str(lagging["current_offset"]),
                          str(lagging["log_end_offset"]), str(lagging["lag"])]  # fmt: skip
 
+    # status: the group with its coordinator and total lag; __consumer_offsets in one line
+    status = invoke_json(cli, "status")
+    group = next(g for g in status["groups"] if g["group"] == "billing")
+    assert (group["state"], group["members"], group["lag"]) == ("Empty", 0, 10)
+    assert group["coordinator"] == described["coordinator"]
+    shown = invoke(cli, "status")
+    assert shown.exit_code == 0, shown.output
+    assert "__consumer_offsets: 50 partitions, 0 offline" in shown.stdout
+    assert not any(line.lstrip("│ ").startswith("__consumer_offsets ") for line in
+                   shown.stdout.splitlines()), "the internal topic's 50 rows should be summarised"  # fmt: skip
+    billing = next(line for line in shown.stdout.splitlines() if " billing " in line)
+    assert [c.strip() for c in billing.split("│")[1:-1]] == [
+        "billing", "Empty", str(described["coordinator"]), "0", "10"]  # fmt: skip
+
     # --from-beginning is only the reset policy: committed offsets come first
     second = consume_process(cli, "orders", "--group", "billing", "--from-beginning",
                              "--max-messages", "10")  # fmt: skip
