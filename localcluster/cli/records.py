@@ -28,17 +28,22 @@ from localcluster.cli.options import (
 )
 @click.option("--timeout", "timeout_s", default=30.0, show_default=True, type=click.FloatRange(0.1),
               help="delivery.timeout.ms, in seconds.")  # fmt: skip
+@click.option("--compression", default="none", show_default=True,
+              type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]),
+              help="compression.type of the batches.")  # fmt: skip
 @dir_option
 @json_option
 @friendly
-def produce(topic_name, key, key_separator, partition, acks, timeout_s, cluster_dir, as_json):
+def produce(topic_name, key, key_separator, partition, acks, timeout_s, compression, cluster_dir,
+            as_json):  # fmt: skip
     """Send each line of stdin to TOPIC as one record."""
     from localcluster.tools import cluster_admin
 
     directory, spec = cluster_spec(cluster_dir)
     result = cluster_admin.produce(
         spec, topic_name, sys.stdin, key=key, key_separator=key_separator, partition=partition,
-        acks=cluster_admin.parse_acks(acks), timeout_ms=int(timeout_s * 1000))  # fmt: skip
+        acks=cluster_admin.parse_acks(acks), timeout_ms=int(timeout_s * 1000),
+        compression=compression)  # fmt: skip
     if as_json:
         print_json(result)
     else:

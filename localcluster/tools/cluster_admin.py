@@ -155,13 +155,14 @@ def parse_acks(text: str) -> int:
 
 def produce(spec: ClusterSpec, topic: str, lines: Iterable[str], *, key: str | None,
             key_separator: str | None, partition: int | None, acks: int,
-            timeout_ms: int) -> dict:  # fmt: skip
+            timeout_ms: int, compression: str = "none") -> dict:  # fmt: skip
     """Send each line as a record; returns {"records", "partitions": {p: [first, last]},
     "errors", "first_error"}."""
     from localcluster.client import KafkaError, Producer
 
     try:
-        producer = Producer(client_config(spec), bootstrap_servers=live_bootstrap(spec), acks=acks,
+        producer = Producer({**client_config(spec), "compression.type": compression},
+                            bootstrap_servers=live_bootstrap(spec), acks=acks,
                             delivery_timeout_ms=timeout_ms,
                             request_timeout_ms=min(timeout_ms, CLIENT_TIMEOUT_MS),
                             max_block_ms=timeout_ms)  # fmt: skip

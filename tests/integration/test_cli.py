@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -265,3 +268,25 @@ def test_a_broker_that_cannot_start_fails_up_in_one_line(tmp_path):
             assert c.live_pids() == {}
         finally:
             c.teardown()
+
+
+# Two codecs here (our snappy writes the Java client's framing); test_compression_clients.py
+# reads all four from confluent-kafka and kafka-python.
+@pytest.mark.parametrize("codec", ["snappy", "zstd"])
+def test_produce_compresses_and_consume_and_log_dump_read_it_back(cli, codec):
+    topic = f"packed-{codec}"
+    cli.json("topic", "create", topic, "-p", "1", "-r", "3")
+    lines = [f"{codec}-{i}" for i in range(20)]
+    produced = cli.json("produce", topic, "--compression", codec, input="\n".join(lines) + "\n")
+    assert produced["records"] == 20 and produced["errors"] == 0
+    result = cli.run("consume", topic, "--from-beginning", "--max-messages", "20", check=True)
+    assert result.stdout.split() == lines
+    leader = cli.json("topic", "describe", topic)["partitions"][0]["leader"]
+    spec = cluster.load_spec(cli.cluster_dir)
+    partition_dir = cluster.data_dir_of(cli.cluster_dir, spec, leader) / f"{topic}-0"
+    dump = subprocess.run([sys.executable, "-m", "localcluster", "log", "dump", "--records",
+                           str(partition_dir)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "300"})  # fmt: skip
+    assert dump.returncode == 0, dump.stderr
+    assert codec in dump.stdout.split(), dump.stdout  # the batch's compression column
+    assert f"-={codec}-19" in dump.stdout  # its last record, decompressed
