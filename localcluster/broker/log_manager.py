@@ -55,6 +55,17 @@ def batch_headers(records) -> list[rb.BatchHeader]:
     return [h for _, h in rb.iter_batches(records, check_crc=False)]
 
 
+def check_compressed_batches(records) -> None:
+    """A leader's check of a client's compressed batches, as Kafka's LogValidator does: the
+    payload must decompress to exactly the records the header counts (the CRC covers only the
+    compressed bytes). Raises CorruptRecordError (CORRUPT_MESSAGE); plain batches cost nothing."""
+    view = memoryview(records)
+    for position, header in rb.iter_batches(view, check_crc=False):
+        if header.compression:
+            for _ in rb.iter_records(view[position : position + header.size]):
+                pass  # iter_records raises on a bad payload or a wrong record count
+
+
 def parse_partition_dir(name: str) -> TopicPartition | None:
     topic, sep, number = name.rpartition("-")
     return (topic, int(number)) if sep and topic and number.isdigit() else None
@@ -168,6 +179,7 @@ class LogManager:
         RejectedAppend or a DuplicateBatch appends nothing), then the append; the AppendInfo."""
         lg, producers = self.logs[tp], self.producer_states[tp]
         headers = batch_headers(records)
+        check_compressed_batches(records)
         verdict = producers.state.check_client_append(headers, lg.log_end_offset)
         if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
             return verdict

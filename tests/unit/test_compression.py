@@ -151,3 +151,27 @@ def test_log_dump_shows_compressed_records_and_a_corrupt_batch(tmp_path, capsys)
     for codec in CODECS:
         assert f"k=in-{codec}" in out
     assert "records unreadable" in out and "gzip payload" in out
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_the_leader_refuses_a_corrupt_or_miscounted_compressed_batch_and_appends_nothing(
+    tmp_path, codec
+):
+    from localcluster.broker.log_manager import LogManager, check_compressed_batches
+    from localcluster.storage import LogConfig
+
+    good = encode_batch(records(), BatchSpec(attributes=compression.codec_id(codec)))
+    check_compressed_batches(good)  # a good one passes
+    header = validate_batch(good)
+    miscounted = rb.encode_raw_batch(payload(good), header.records_count + 1,
+                                     BatchSpec(attributes=header.attributes,
+                                               base_timestamp=header.base_timestamp),
+                                     max_timestamp=header.max_timestamp)  # fmt: skip
+    manager = LogManager(tmp_path / "data", tmp_path, lambda _: LogConfig(segment_bytes=1 << 20),
+                         lambda: 0, 86_400_000)  # fmt: skip
+    manager.get_or_create(("t", 0))
+    for bad in (corrupt_batch(codec), miscounted):
+        with pytest.raises(CorruptRecordError):
+            manager.append_as_leader(("t", 0), memoryview(good + bad), 0)
+    assert manager.logs[("t", 0)].log_end_offset == 0, "nothing of a refused produce is written"
+    manager.close({})
