@@ -1,4 +1,5 @@
-"""Admin APIs beside CreateTopics: DeleteTopics and DescribeConfigs.
+"""Admin APIs beside CreateTopics: DeleteTopics, DescribeConfigs, AlterConfigs and
+IncrementalAlterConfigs.
 
 - DeleteTopics (v1-v6) asks the controller as ZooKeeper-mode Kafka does (a znode under
   /admin/delete_topics) and answers when the topic is gone from the store or its timeout
@@ -10,6 +11,12 @@
   and the synonyms when asked) or this broker (every property of BrokerConfig, all read-only:
   none can be changed live here yet). A broker resource names one broker; it is answered by
   that broker only (clients send it there), an empty name meaning this one.
+- AlterConfigs (v0-v2) replaces a topic's overrides; IncrementalAlterConfigs (v0-v1) sets,
+  deletes, appends to or subtracts from single ones (APPEND/SUBTRACT on cleanup.policy, the one
+  list). The result is validated as CreateTopics validates (INVALID_CONFIG naming the
+  property, nothing written), then written with a change notification, as ZooKeeper-mode Kafka
+  does; every broker applies it live (broker/config_changes.py). validate_only writes nothing.
+  Broker resources are refused: no broker property changes live here.
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ class AdminApis:
 
     def handlers(self) -> dict:
         return {ApiKey.DELETE_TOPICS: self.handle_delete_topics,
-                ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs}  # fmt: skip
+                ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs,
+                ApiKey.ALTER_CONFIGS: self.handle_alter_configs,
+                ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs}  # fmt: skip
 
     @staticmethod
     def _decode(header, reader):
@@ -152,6 +161,78 @@ class AdminApis:
     def _broker_source(self, broker_property: str, default) -> int:
         same = default(self.config) == default(_BROKER_DEFAULTS)
         return DEFAULT_CONFIG if same else STATIC_BROKER_CONFIG
+
+    # -- AlterConfigs / IncrementalAlterConfigs --------------------------------------------------
+
+    async def handle_alter_configs(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+
+        def replace(_current: dict, resource) -> dict:
+            return {c.name: c.value for c in resource.configs}
+
+        return await self._alter(header, request, replace)
+
+    async def handle_incremental_alter_configs(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+        return await self._alter(header, request, _apply_operations)
+
+    async def _alter(self, header, request, change) -> bytes:
+        responses = []
+        for resource in request.resources:
+            code, message = await self._alter_one(resource, change, request.validate_only)
+            responses.append({"error_code": code, "error_message": message,
+                              "resource_type": resource.resource_type,
+                              "resource_name": resource.resource_name})  # fmt: skip
+        return self._encode(header, {"responses": responses})
+
+    async def _alter_one(self, resource, change, validate_only: bool) -> tuple[int, str | None]:
+        if resource.resource_type != TOPIC_RESOURCE:
+            return ErrorCode.invalid_request, ("only topic configs change here (resource type 2); "
+                                               "broker properties are static")  # fmt: skip
+        name, zk = resource.resource_name, self.metadata.zk
+        assignment = await asyncio.to_thread(zk.assignment, name) if legal_topic(name) else None
+        if assignment is None:
+            return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
+        current = await asyncio.to_thread(zk.topic_config, name)
+        try:
+            wanted = change(dict(current), resource)
+            rf = len(next(iter(assignment.partitions.values())))
+            validated = topic_config.validate(wanted, rf)
+        except topic_config.TopicConfigError as e:
+            return ErrorCode(e.error_code), str(e)
+        if not validate_only:
+            await asyncio.to_thread(zk.change_topic_config, name, validated)
+        return ErrorCode.none, None
+
+
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' config_operation
+
+
+def _apply_operations(current: dict, resource) -> dict:
+    """Kafka's incremental operations on a topic's overrides (APPEND and SUBTRACT only for list
+    configs; here cleanup.policy)."""
+    out = dict(current)
+    for c in resource.configs:
+        if c.config_operation == SET:
+            out[c.name] = c.value
+        elif c.config_operation == DELETE:
+            out.pop(c.name, None)
+        elif c.config_operation in (APPEND, SUBTRACT):
+            spec = topic_config.SPECS.get(c.name)
+            if spec is None or spec.kind != topic_config.LIST:
+                raise topic_config.TopicConfigError(topic_config.INVALID_CONFIG,
+                                                    f"{c.name}: APPEND and SUBTRACT apply to list "
+                                                    "configs only (cleanup.policy)")  # fmt: skip
+            have = [v for v in out.get(c.name, "delete").split(",") if v]
+            given = [v.strip() for v in (c.value or "").split(",") if v.strip()]
+            have = (have + [v for v in given if v not in have] if c.config_operation == APPEND
+                    else [v for v in have if v not in given])  # fmt: skip
+            out[c.name] = ",".join(have)
+        else:
+            raise topic_config.TopicConfigError(ErrorCode.invalid_request,
+                                                f"{c.name}: unknown config_operation "
+                                                f"{c.config_operation}")  # fmt: skip
+    return out
 
 
 def _broker_type(value) -> int:

@@ -189,6 +189,14 @@ class ReplicaHost:
         self.execute(ready)
         return ready.response
 
+    def apply_topic_config(self, topic: str, config: TopicConfig) -> None:
+        """A live config change of `topic`: its logs (segment size, retention) and the core's
+        per-topic settings take it."""
+        for tp in [tp for tp in self.partitions if tp[0] == topic]:
+            self.log_manager.configure(tp, config)
+        self.core.update_topic_settings(topic, TopicSettings(config.min_insync_replicas,
+                                                             config.max_message_bytes))  # fmt: skip
+
     def stop(self, controller_epoch: int, tps, delete: bool) -> r.LeaderAndIsrResult:
         ready = self.core.stop_replicas(controller_epoch, tps, delete, self.now_ms())
         self.execute(ready)

@@ -36,6 +36,7 @@ from localcluster.broker import state_change_log
 from localcluster.broker.admin_apis import AdminApis
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
+from localcluster.broker.config_changes import follow_config_changes
 from localcluster.broker.group_apis import GroupApis
 from localcluster.broker.group_coordinator import GroupCoordinator
 from localcluster.broker.inter_broker import InterBrokerConnector, host_id
@@ -252,6 +253,7 @@ class BrokerServer:
             self.controller.start()
         self._tasks = [
             loop.create_task(self._watch_session()),
+            loop.create_task(follow_config_changes(self.metadata, self.replica_manager)),
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),

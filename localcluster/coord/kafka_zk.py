@@ -44,6 +44,8 @@ from localcluster.metadata_types import (
 log = logging.getLogger(__name__)
 
 CONFIG_TOPICS = "/config/topics"
+CONFIG_CHANGES = "/config/changes"  # Kafka's change notifications: config_change_<seq>
+MAX_CONFIG_CHANGES = 100  # older ones are deleted (Kafka expires them after 15 minutes)
 CONFIG_USERS = "/config/users"  # SCRAM credentials, as `kafka-configs.sh --entity-type users`
 CLUSTER_ID = "/cluster/id"
 
@@ -65,7 +67,7 @@ class KafkaZkClient:
         self.coord = coord
 
     def ensure_persistent_paths(self) -> None:
-        for path in paths.PERSISTENT_PATHS + (CONFIG_TOPICS,):
+        for path in paths.PERSISTENT_PATHS + (CONFIG_TOPICS, CONFIG_CHANGES):
             self.coord.ensure_path(path)
 
     # -- brokers ------------------------------------------------------------------------------
@@ -189,6 +191,36 @@ class KafkaZkClient:
         except NoNodeError:
             return {}
         return decode_topic_config(config_path(topic), data)
+
+    def change_topic_config(self, topic: str, config: dict[str, str]) -> None:
+        """Replace the topic's overrides and announce it, in one transaction, as Kafka's
+        AdminZkClient.changeTopicConfig does (a sequential /config/changes/config_change_
+        naming the entity; every broker watches that list)."""
+        self.coord.ensure_path(CONFIG_CHANGES)
+        notice = json.dumps({"version": 2, "entity_path": f"topics/{topic}"}).encode()
+        tx = self.coord.transaction()
+        tx.set_data(config_path(topic), encode_topic_config(config))
+        tx.create(f"{CONFIG_CHANGES}/config_change_", notice, sequence=True)
+        for result in tx.commit():
+            if isinstance(result, Exception):
+                raise result
+        for old in self.config_changes()[:-MAX_CONFIG_CHANGES]:  # keep the list bounded
+            try:
+                self.coord.delete(f"{CONFIG_CHANGES}/{old}")
+            except NoNodeError:
+                pass
+
+    def config_changes(self, watch=None) -> list[str]:
+        """The notifications under /config/changes, oldest first."""
+        return sorted(self.coord.get_children(CONFIG_CHANGES, watch))
+
+    def config_change_entity(self, name: str) -> str | None:
+        """The entity path ("topics/<name>") a notification names; None when it is gone."""
+        try:
+            data, _ = self.coord.get(f"{CONFIG_CHANGES}/{name}")
+            return str(json.loads(data)["entity_path"])
+        except (NoNodeError, ValueError, KeyError, TypeError):
+            return None
 
     def create_topic(
         self, topic: str, table: dict[int, tuple[int, ...]], config: dict[str, str]

@@ -43,8 +43,10 @@ class ApiKey(enum.IntEnum):
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
     SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_PRODUCERS = 61
 
@@ -68,6 +70,8 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.CREATE_TOPICS: VersionRange(2, 4, 5),
     ApiKey.DELETE_TOPICS: VersionRange(1, 6, 4),  # broker/admin_apis.py
     ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4, 4),
+    ApiKey.ALTER_CONFIGS: VersionRange(0, 2, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1, 1),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),
     ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0, 0),

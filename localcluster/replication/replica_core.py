@@ -180,6 +180,14 @@ class ReplicaCore:
     def add_log(self, tp: TopicPartition, log: ReplicaLog) -> None:
         self._logs[tp] = log
 
+    def update_topic_settings(self, topic: str, settings: TopicSettings) -> None:
+        """A topic's config changed live (AlterConfigs): its hosted partitions enforce the new
+        min.insync.replicas and max.message.bytes from the next produce on."""
+        for tp, hosted in self.partitions.items():
+            if tp[0] == topic:
+                hosted.min_insync_replicas = settings.min_insync_replicas
+                hosted.max_message_bytes = settings.max_message_bytes
+
     def missing_logs(self, controller_epoch: int,
                      partition_states: Iterable[PartitionStateLike]) -> list[TopicPartition]:  # fmt: skip
         """The partitions a LeaderAndIsr would start hosting that have no log yet: open them

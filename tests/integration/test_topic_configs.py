@@ -96,3 +96,66 @@ def test_admin_client_describes_configs_with_sources_and_deletes_topics(brokers)
         assert "described" not in ours.list_topics()
     refused = admin.delete_topics(["never-was"], operation_timeout=5)["never-was"].exception(20)
     assert refused.args[0].code() == confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_altered_configs_are_validated_and_take_effect_live_on_every_broker(brokers):
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    started = [brokers.start(b) for b in (1, 2, 3)]
+    boot = ",".join(b.bootstrap for b in started)
+    assert create(boot, "live", {"min.insync.replicas": "1"}, rf=3) is None
+    admin = AdminClient({"bootstrap.servers": boot})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "live")
+
+    def alter(*entries):
+        change = ConfigResource(ConfigResource.Type.TOPIC, "live", incremental_configs=entries)
+        return admin.incremental_alter_configs([change])[change].exception(20)
+
+    refused = alter(ConfigEntry("min.insync.replicas", "4",
+                                incremental_operation=AlterConfigOpType.SET))  # fmt: skip
+    assert refused is not None and "above the replication factor 3" in refused.args[0].str()
+    assert alter(ConfigEntry("max.message.bytes", "1500",
+                             incremental_operation=AlterConfigOpType.SET)) is None  # fmt: skip
+    assert alter(ConfigEntry("cleanup.policy", "compact",
+                             incremental_operation=AlterConfigOpType.APPEND)) is None  # fmt: skip
+    entries = admin.describe_configs([resource])[resource].result(20)
+    assert entries["cleanup.policy"].value == "delete,compact"
+    assert entries["min.insync.replicas"].value == "1", "the refused change wrote nothing"
+
+    # every broker enforces the new max.message.bytes without a restart or a new leader
+    producer = confluent_kafka.Producer({"bootstrap.servers": boot, "linger.ms": 0})
+    reports = []
+
+    def too_large_refused() -> bool:
+        reports.clear()
+        producer.produce("live", b"z" * 3000, on_delivery=lambda e, m: reports.append(e))
+        producer.flush(20)
+        return bool(reports) and reports[0] is not None and (
+            reports[0].code() == confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE)  # fmt: skip
+
+    wait_until(too_large_refused, timeout_s=20, interval_s=0.2,
+               message="the leader should refuse a 3000-byte batch once max.message.bytes=1500")  # fmt: skip
+
+    # kafka-python: its default is IncrementalAlterConfigs (one key set, the rest kept)
+    kafka = pytest.importorskip("kafka")
+    from kafka.admin import ConfigResource as KafkaPythonResource
+    from kafka.admin import ConfigResourceType
+
+    other = kafka.KafkaAdminClient(bootstrap_servers=boot)
+    try:
+        other.alter_configs([KafkaPythonResource(ConfigResourceType.TOPIC, "live",
+                                                 configs={"retention.ms": "120000"})])  # fmt: skip
+    finally:
+        other.close()
+    entries = admin.describe_configs([resource])[resource].result(20)
+    assert (entries["retention.ms"].value, entries["max.message.bytes"].value) == (
+        "120000", "1500")  # fmt: skip
+
+    # confluent-kafka's alter_configs is AlterConfigs: the given set replaces every override
+    whole = ConfigResource(ConfigResource.Type.TOPIC, "live", set_config={"retention.ms": "60000"})
+    admin.alter_configs([whole])[whole].result(20)
+    entries = admin.describe_configs([resource])[resource].result(20)
+    assert entries["retention.ms"].value == "60000"
+    assert entries["max.message.bytes"].value == "1048588", "the override should be gone"
+    wait_until(lambda: not too_large_refused() and reports[0] is None, timeout_s=20,
+               interval_s=0.2, message="the 3000-byte batch is accepted again")  # fmt: skip
