@@ -1,11 +1,18 @@
-"""Admin APIs beside CreateTopics: DeleteTopics, DescribeConfigs, AlterConfigs and
-IncrementalAlterConfigs.
+"""Admin APIs beside CreateTopics: DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs
+and IncrementalAlterConfigs.
 
 - DeleteTopics (v1-v6) asks the controller as ZooKeeper-mode Kafka does (a znode under
   /admin/delete_topics) and answers when the topic is gone from the store or its timeout
   passes (REQUEST_TIMED_OUT; the deletion goes on). Topic ids do not exist here: a request
   naming only an id gets UNKNOWN_TOPIC_ID. `__consumer_offsets` is refused
   (INVALID_TOPIC_EXCEPTION): its deletion would drop every group's offsets.
+- CreatePartitions (v0-v3) extends a topic's assignment (a version-conditional write of its
+  znode, which the controller watches: New -> Online as for a new topic) and answers once the
+  new partitions have leaders or the timeout passes. Kafka's rules: the count must grow
+  (INVALID_PARTITIONS), given assignments must name the new partitions with the topic's
+  replication factor of distinct live brokers (INVALID_REPLICA_ASSIGNMENT). `__consumer_offsets`
+  is refused: more partitions would move groups to other coordinators (Kafka allows it, and it
+  silently orphans their offsets).
 - DescribeConfigs (v1-v4) describes a topic (its effective TopicConfig: each value with its
   source, DYNAMIC_TOPIC_CONFIG for an override, else the broker's property it falls back to,
   and the synonyms when asked) or this broker (every property of BrokerConfig, all read-only:
@@ -29,6 +36,10 @@ from kio.schema.errors import ErrorCode
 from localcluster import topic_config
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.metadata import OFFSETS_TOPIC, ClusterMetadata, legal_topic
+from localcluster.controller.assignment import (
+    InvalidReplicationFactorError,
+    assign_replicas_to_brokers,
+)
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
 
@@ -46,6 +57,7 @@ class AdminApis:
 
     def handlers(self) -> dict:
         return {ApiKey.DELETE_TOPICS: self.handle_delete_topics,
+                ApiKey.CREATE_PARTITIONS: self.handle_create_partitions,
                 ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs,
                 ApiKey.ALTER_CONFIGS: self.handle_alter_configs,
                 ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs}  # fmt: skip
@@ -93,6 +105,55 @@ class AdminApis:
                               "the controller has not finished deleting it; it goes on")  # fmt: skip
             await asyncio.sleep(0.02)
         return result(ErrorCode.none)
+
+    # -- CreatePartitions ---------------------------------------------------------------------
+
+    async def handle_create_partitions(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+        deadline_ms = time.monotonic() * 1000 + max(request.timeout.total_seconds() * 1000, 0)
+        results, grown = [], {}
+        for topic in request.topics:
+            code, message = await self._add_partitions(topic, request.validate_only)
+            results.append({"name": topic.name, "error_code": code, "error_message": message})
+            if code == ErrorCode.none and not request.validate_only:
+                grown[topic.name] = topic.count
+        await self.metadata.wait_for_topics(list(grown), int(deadline_ms), grown)
+        return self._encode(header, {"results": results})
+
+    async def _add_partitions(self, topic, validate_only: bool) -> tuple[int, str | None]:
+        name, zk = topic.name, self.metadata.zk
+        if name == OFFSETS_TOPIC:
+            return ErrorCode.invalid_request, (f"{OFFSETS_TOPIC} keeps its partition count: groups "
+                                               "map onto it, more would move them")  # fmt: skip
+        assignment = await asyncio.to_thread(zk.assignment, name) if legal_topic(name) else None
+        if assignment is None:
+            return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
+        current = len(assignment.partitions)
+        if topic.count <= current:
+            return ErrorCode.invalid_partitions, (
+                f"topic {name!r} already has {current} partitions" if topic.count == current else
+                f"topic {name!r} has {current} partitions, more than the requested {topic.count}")  # fmt: skip
+        rf = len(assignment.partitions[0])
+        live = await asyncio.to_thread(zk.live_brokers)
+        if topic.assignments:
+            added = {current + i: tuple(a.broker_ids) for i, a in enumerate(topic.assignments)}
+            problem = _check_new_assignment(added, topic.count - current, rf, set(live))
+            if problem:
+                return ErrorCode.invalid_replica_assignment, problem
+        else:
+            try:
+                table = assign_replicas_to_brokers(sorted(live), topic.count - current, rf,
+                                                   start_partition_id=current,
+                                                   racks={b: r.rack for b, r in live.items()})  # fmt: skip
+            except InvalidReplicationFactorError as e:
+                return ErrorCode.invalid_replication_factor, str(e)
+            added = {current + i: tuple(r) for i, r in enumerate(table.values())}
+        if validate_only:
+            return ErrorCode.none, None
+        if not await asyncio.to_thread(zk.add_partitions, name, added):
+            return ErrorCode.reassignment_in_progress, ("the topic's assignment changed meanwhile; "
+                                                        "try again")  # fmt: skip
+        return ErrorCode.none, None
 
     # -- DescribeConfigs ----------------------------------------------------------------------
 
@@ -233,6 +294,19 @@ def _apply_operations(current: dict, resource) -> dict:
                                                 f"{c.name}: unknown config_operation "
                                                 f"{c.config_operation}")  # fmt: skip
     return out
+
+
+def _check_new_assignment(added: dict, count: int, rf: int, live: set[int]) -> str | None:
+    if len(added) != count:
+        return f"{len(added)} assignments given for {count} new partitions"
+    for partition, replicas in sorted(added.items()):
+        if len(replicas) != rf or len(set(replicas)) != rf:
+            return (f"partition {partition}: {list(replicas)} should be {rf} distinct brokers "
+                    "(the topic's replication factor)")  # fmt: skip
+        unknown = sorted(set(replicas) - live)
+        if unknown:
+            return f"partition {partition}: brokers {unknown} are not alive"
+    return None
 
 
 def _broker_type(value) -> int:

@@ -297,13 +297,17 @@ class ClusterMetadata:
             raise TopicCreationError(ErrorCode.invalid_replication_factor, str(e)) from None
         return {p: tuple(r) for p, r in table.items()}
 
-    async def wait_for_topics(self, names: list[str], deadline_ms: int) -> None:
+    async def wait_for_topics(self, names: list[str], deadline_ms: int,
+                              counts: dict[str, int] | None = None) -> None:  # fmt: skip
         """Wait (up to the request's timeout) until the controller has elected every new
-        partition's leader, so a client's next Metadata finds them."""
+        partition's leader, so a client's next Metadata finds them (`counts`: at least that
+        many partitions, for CreatePartitions)."""
+        counts = counts or {}
 
         def ready() -> bool:
             if self.cache.ready:
-                return all(self.cache.partitions_of(name) for name in names)
+                return all(len(self.cache.partitions_of(name)) >= counts.get(name, 1)
+                           for name in names)  # fmt: skip
             for name in names:
                 assignment = self.zk.assignment(name)
                 if assignment is None or any(self.zk.partition_state(name, p) is None

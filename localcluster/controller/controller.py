@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
@@ -278,6 +279,11 @@ class KafkaController:
 
     def _watch_topic(self, topic: str) -> None:
         if topic not in self._topic_watches:
+            # A callback of (data, stat) only: a third parameter (even one with a default, as
+            # `t=topic` was) makes DataWatch pass the event there, as kazoo's does.
             self._topic_watches[topic] = DataWatch(
                 self.zk.coord, paths.topic_path(topic),
-                lambda data, stat, t=topic: self.enqueue(ev.PartitionModifications(t)))  # fmt: skip
+                functools.partial(self._on_topic_data, topic))  # fmt: skip
+
+    def _on_topic_data(self, topic: str, data, stat) -> None:
+        self.enqueue(ev.PartitionModifications(topic))

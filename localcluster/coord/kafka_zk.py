@@ -312,6 +312,21 @@ class KafkaZkClient:
         tx.set_data(paths.topic_path(topic), encode_topic_assignment(assignment))
         self._commit_fenced(tx)
 
+    def add_partitions(self, topic: str, added: dict[int, tuple[int, ...]]) -> bool:
+        """Extend the topic's assignment with `added`, conditional on the version read (as
+        Kafka's AdminZkClient.addPartitions); False when another writer changed it first."""
+        path = paths.topic_path(topic)
+        data, stat = self.coord.get(path)
+        current = decode_topic_assignment(path, data)
+        if set(added) & set(current.partitions):
+            return False
+        table = {**current.partitions, **added}
+        try:
+            self.coord.set(path, encode_topic_assignment(TopicAssignment(table)), stat.version)
+        except BadVersionError:
+            return False
+        return True
+
     def delete_topic_znodes(self, topic: str) -> None:
         for path in (paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)):
             try:

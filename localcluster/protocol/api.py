@@ -44,6 +44,7 @@ class ApiKey(enum.IntEnum):
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
     SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
@@ -71,6 +72,7 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.DELETE_TOPICS: VersionRange(1, 6, 4),  # broker/admin_apis.py
     ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4, 4),
     ApiKey.ALTER_CONFIGS: VersionRange(0, 2, 2),
+    ApiKey.CREATE_PARTITIONS: VersionRange(0, 3, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1, 1),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),

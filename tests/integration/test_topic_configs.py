@@ -159,3 +159,38 @@ def test_altered_configs_are_validated_and_take_effect_live_on_every_broker(brok
     assert entries["max.message.bytes"].value == "1048588", "the override should be gone"
     wait_until(lambda: not too_large_refused() and reports[0] is None, timeout_s=20,
                interval_s=0.2, message="the 3000-byte batch is accepted again")  # fmt: skip
+
+
+def test_create_partitions_grows_a_topic_that_clients_then_use(brokers):
+    from confluent_kafka.admin import NewPartitions
+
+    started = [brokers.start(b) for b in (1, 2, 3)]
+    boot = ",".join(b.bootstrap for b in started)
+    assert create(boot, "growing", {}, rf=3) is None
+    admin = AdminClient({"bootstrap.servers": boot})
+    grown = admin.create_partitions([NewPartitions("growing", 3)], operation_timeout=20)
+    grown["growing"].result(30)
+    with Admin(bootstrap_servers=boot) as ours:
+        described = ours.wait_for_leaders("growing", timeout_s=20)
+    assert [p.partition for p in described.partitions] == [0, 1, 2]
+    assert all(len(set(p.replicas)) == 3 for p in described.partitions)
+    kafka = pytest.importorskip("kafka")
+    from kafka.admin import NewPartitions as KafkaPythonNewPartitions
+
+    other = kafka.KafkaAdminClient(bootstrap_servers=boot)
+    try:  # kafka-python with an explicit assignment for the one new partition
+        other.create_partitions({"growing": KafkaPythonNewPartitions(4, [[3, 1, 2]])})
+    finally:
+        other.close()
+    producer = confluent_kafka.Producer({"bootstrap.servers": boot})
+    reports = []
+    producer.produce("growing", b"v", partition=3, on_delivery=lambda e, m: reports.append(e))
+    producer.flush(20)
+    assert reports == [None], reports
+    with Admin(bootstrap_servers=boot) as ours:
+        assert ours.describe_topic("growing").partitions[3].replicas == (3, 1, 2)
+    for bad, code in ((NewPartitions("growing", 2), confluent_kafka.KafkaError.INVALID_PARTITIONS),
+                      (NewPartitions("growing", 5, [[1, 1, 2]]),
+                       confluent_kafka.KafkaError.INVALID_REPLICA_ASSIGNMENT)):  # fmt: skip
+        error = admin.create_partitions([bad], operation_timeout=10)["growing"].exception(20)
+        assert error is not None and error.args[0].code() == code, error
