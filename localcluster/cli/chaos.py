@@ -49,8 +49,9 @@ def _settings(ctx, param, values):
 @click.option("--kill-every", "kill_every_ms", default=500, show_default=True, type=click.IntRange(20, 3_600_000),
               help="Mean ms between faults (exponential gaps).")  # fmt: skip
 @click.option("--targets", default="leader,controller,follower,any", show_default=True,
-              callback=_csv(("leader", "controller", "follower", "any", "supervisor", "coordinator")),
-              help="Whom faults hit (comma-separated; coordinator: the consumer group's, with --consumers).")  # fmt: skip
+              callback=_csv(("leader", "controller", "follower", "any", "supervisor", "coordinator", "consumer")),
+              help="Whom faults hit (comma-separated; coordinator: the consumer group's; consumer: one of its "
+                   "members; both need --consumers).")  # fmt: skip
 @click.option("--faults", default="kill", show_default=True, callback=_csv(("kill", "stop")),
               help="kill: SIGKILL then restart; stop: SIGSTOP then SIGCONT.")  # fmt: skip
 @click.option(
@@ -105,8 +106,9 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
     if min_insync_replicas > replication_factor:
         raise click.BadParameter(f"{min_insync_replicas} > --replication-factor {replication_factor}",
                                  param_hint="--min-insync-replicas")  # fmt: skip
-    if "coordinator" in targets and not consumers:
-        raise click.BadParameter("the coordinator target needs a consumer group: add --consumers N",
+    needs_group = [t for t in targets if t in ("coordinator", "consumer")]
+    if needs_group and not consumers:
+        raise click.BadParameter(f"{','.join(needs_group)} needs a consumer group: add --consumers N",
                                  param_hint="--targets")  # fmt: skip
     if cluster_dir is not None:
         cluster_dir = cluster.resolve_dir(cluster_dir)
@@ -152,6 +154,9 @@ def render_group(group: dict, say) -> None:
     say(f"  group {group['group_id']}: {group['consumers']} consumers, {group['consumed']} records consumed "
         f"({group['reconsumed']} re-consumed), {group['commits']} commits ({group['commits_failed']} failed), "
         f"drained in {group['drain_s']:.1f} s" + ("" if group["drained"] else " (timed out)"))  # fmt: skip
+    if group.get("commit_wait_ms"):
+        say(f"  a synchronous commit waited {group['commit_wait_ms']['p50']} ms (p50), "
+            f"{group['commit_wait_ms']['max']} ms at most")  # fmt: skip
     say(f"  {CONSUMED_CHECK}: {passed(group['at_least_once'])}"
         + (f" ({group['missed']} never consumed)" if group["missed"] else "")
         + (f" ({group['not_in_log']} consumed at an offset holding another record)" if group["not_in_log"] else ""))  # fmt: skip

@@ -45,7 +45,8 @@ from localcluster.tools import chaos_check, chaos_consumer
 from localcluster.tools.perf import ClusterWatch
 from localcluster.waiting import wait_until
 
-TARGETS = ("leader", "controller", "follower", "any", "supervisor", "coordinator")
+TARGETS = ("leader", "controller", "follower", "any", "supervisor", "coordinator", "consumer")
+GROUP_TARGETS = ("coordinator", "consumer")  # need --consumers
 FAULTS = ("kill", "stop")
 TOPIC_CONFIGS = ("unclean.leader.election.enable", "min.insync.replicas")
 START_TIMEOUT_S = 90.0
@@ -76,7 +77,7 @@ class Fault:
     def describe(self) -> str:
         what = {"leader": f"leader of p{self.partition}", "follower": f"a follower of p{self.partition}",
                 "controller": "the controller", "any": "any broker", "supervisor": "the supervisor",
-                "coordinator": "the group's coordinator"}  # fmt: skip
+                "coordinator": "the group's coordinator", "consumer": "a consumer"}  # fmt: skip
         back = "restart" if self.fault == "kill" else "SIGCONT"
         sig = "SIGKILL" if self.fault == "kill" else "SIGSTOP"
         chain = (f"; then SIGKILL the next leader of p{self.partition} {self.chain_ms} ms after its election"
@@ -240,7 +241,8 @@ class Engine:
     _open_windows: dict = field(default_factory=dict)
     _zk: object = None
     watch: object = None  # perf.ClusterWatch of the cluster; None: never give up
-    group: str | None = None  # the consumer group (--consumers), whose coordinator is a target
+    group: object = None  # chaos_consumer.ConsumerGroup (--consumers): its coordinator, its members
+    consumers_down: dict = field(default_factory=dict)  # member name -> "killed" | "stopped"
 
     def check_cluster(self) -> None:
         """Raise ClusterError when the cluster went away (see the module's rules)."""
@@ -315,7 +317,7 @@ class Engine:
         if offsets is None:
             return None, f"no {OFFSETS_TOPIC} yet"
         found = self.zk().partition_state(
-            OFFSETS_TOPIC, partition_for(self.group, len(offsets.partitions))
+            OFFSETS_TOPIC, partition_for(self.group.group, len(offsets.partitions))
         )
         if found is None or found[0].leader < 0:
             return None, "the group's offsets partition has no leader"
@@ -327,6 +329,8 @@ class Engine:
         """Fire one fault; returns the recovery to schedule (or None when skipped)."""
         if fault.target == "supervisor":
             return self._supervisor_fault(fault)
+        if fault.target == "consumer":
+            return self._consumer_fault(fault)
         if self.supervisor_down == "restarting":
             return self._skip(fault, "the supervisor is being restarted")
         broker, why = self.resolve(fault)
@@ -381,9 +385,48 @@ class Engine:
         )
         return ("supervisor", None, pid)
 
-    def recover(self, kind: str, broker: int | None, pid: int) -> bool:
+    def _consumer_fault(self, fault: Fault):
+        """SIGKILL (restarted after down_ms: a new member, the same file) or SIGSTOP a member.
+        Not counted in max_down, which is about brokers."""
+        if self.group is None:
+            return self._skip(fault, "no consumer group (--consumers)")
+        up = [
+            n
+            for n, p in self.group.processes.items()
+            if p.poll() is None and n not in self.consumers_down
+        ]
+        if not up:
+            return self._skip(fault, "no consumer is up")
+        name = up[int(fault.pick * len(up))]
+        pid = self.group.processes[name].pid
+        if fault.fault == "kill":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.group.processes[name].wait(5)
+        else:
+            cluster.send_signal(pid, signal.SIGSTOP)
+        self.consumers_down[name] = "killed" if fault.fault == "kill" else "stopped"
+        self.record("SIGKILL" if fault.fault == "kill" else "SIGSTOP", consumer=name, pid=pid,
+                    back_in_ms=fault.down_ms)  # fmt: skip
+        return ("consumer", name, pid)
+
+    def _recover_consumer(self, name: str, pid: int) -> None:
+        state = self.consumers_down.pop(name, None)
+        if state == "stopped":
+            cluster.send_signal(pid, signal.SIGCONT)
+            self.record("SIGCONT", consumer=name, pid=pid)
+        elif state == "killed":
+            process = self.group.restart(name)
+            self.record("restart", consumer=name, pid=process.pid)
+        self.cycles += 1
+
+    def recover(self, kind: str, broker, pid: int) -> bool:
         """Undo one fault; False when it must wait (a supervisor restart waits for every broker
         to be up, so that it spawns none of them while we restart them too)."""
+        if kind == "consumer":
+            self._recover_consumer(broker, pid)
+            return True
         if kind == "supervisor":
             if self.supervisor_down == "stopped":
                 cluster.send_signal(pid, signal.SIGCONT)
@@ -540,7 +583,9 @@ class Engine:
         self.recover_all()
 
     def recover_all(self) -> None:
-        """Every broker back (and the supervisor); called at the end and on errors."""
+        """Every broker back (and the supervisor, the consumers); called at the end and on errors."""
+        for name in list(self.consumers_down):
+            self._recover_consumer(name, self.group.processes[name].pid)
         for broker in list(self.down):
             state = self.down[broker]
             pid = cluster.read_pid(cluster.pid_file(self.cluster_dir, broker)) or 0
@@ -721,7 +766,7 @@ def start_group(engine: Engine, cluster_dir: Path, spec, topic: str, group_id: s
     say(f"chaos: {consumers} consumers (confluent-kafka, one process each) in group {group_id}, "
         f"their events in {run_dir}")  # fmt: skip
     group.start()
-    engine.group = group_id
+    engine.group = group
     if not group.wait_assigned(GROUP_FORM_TIMEOUT_S, engine.check_cluster):
         exited = "; ".join(group.exited()) or "none exited"
         raise cluster.ClusterError(f"the consumer group {group_id} did not form within "

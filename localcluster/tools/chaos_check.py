@@ -447,6 +447,10 @@ def ownership(logs: dict[str, list[dict]], since_ms: int) -> dict[str, list]:
             if e["e"] == "a":
                 for p in e["partitions"]:
                     open_at.setdefault(p, ms)
+            elif e["e"] == "s":  # a new life: the last one was killed, it owned until now at most
+                for p, start in open_at.items():
+                    out[p].append([name, start, ms])
+                open_at.clear()
             elif e["e"] in ("v", "l", "x"):
                 for p in e.get("partitions", list(open_at)):
                     if p in open_at:
@@ -487,6 +491,9 @@ def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, commit
     failures = defaultdict(int)
     for f in failed:
         failures[f["error"].split(":")[0]] += 1
+    waits = sorted(
+        (e["t"] - e["sent"]) / 1000 for events in logs.values() for e in events if e["e"] == "c"
+    )
     return {
         "consumers": len(logs), "consumed": sum(len(v) for v in reads.values()),
         "consumed_distinct": len(reads), "missed": len(missed),
@@ -496,6 +503,7 @@ def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, commit
         "not_in_log": len(foreign), "not_in_log_records": [list(x) for x in foreign[:LOSS_EXAMPLES]],
         "commits": sum(len(c) for c in succeeded.values()), "commits_failed": len(failed),
         "commit_failures": dict(failures), "backwards": len(backwards),
+        "commit_wait_ms": {"p50": round(waits[len(waits) // 2], 1), "max": round(waits[-1], 1)} if waits else {},
         "backwards_steps": backwards[:LOSS_EXAMPLES], "final_offsets": committed,
         "last_commits": {str(p): c[-1][1] for p, c in sorted(succeeded.items())},
         "final_mismatches": mismatches, "consumer_errors": errors,

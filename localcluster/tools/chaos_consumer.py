@@ -96,13 +96,12 @@ def commit(consumer, topic: str, last: dict[int, int], events: EventFile) -> Non
 
 def member(bootstrap: str, topic: str, group: str, name: str, out: Path, settings: dict) -> int:
     """Consume `topic` in `group` until SIGTERM, writing every event to `out`."""
-    from confluent_kafka import Consumer
-
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     events = EventFile(out)
-    events.write("s", pid=os.getpid(), name=name)
+    events.write("s", pid=os.getpid(), name=name)  # first: it ends the last life's ownership
     events.flush()
+    from confluent_kafka import Consumer
     config = {**settings, "bootstrap.servers": bootstrap, "group.id": group, "client.id": name,
               "auto.offset.reset": "earliest", "enable.auto.commit": False,
               "error_cb": lambda error: events.error(error_text(error))}  # fmt: skip
@@ -210,15 +209,21 @@ class ConsumerGroup:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.count):
             name = f"consumer-{i}"
-            with open(self.run_dir / f"{name}.stderr", "ab") as err:
-                self.processes[name] = subprocess.Popen(
-                    [sys.executable, "-m", "localcluster.tools.chaos_consumer", "--bootstrap", self.bootstrap,
-                     "--cluster-dir", str(self.cluster_dir), "--topic", self.topic, "--group", self.group,
-                     "--name", name, "--out", str(self.path(name))],
-                    stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
-                    start_new_session=True, env=cluster.child_env())  # fmt: skip
             self.tails[name] = Tail(self.path(name))
             self.events[name] = []
+            self.restart(name)
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """(Re)start a member: a new process, and a new member of the group, appending to the
+        same file (the checker sees one consumer with several lives)."""
+        with open(self.run_dir / f"{name}.stderr", "ab") as err:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "localcluster.tools.chaos_consumer", "--bootstrap", self.bootstrap,
+                 "--cluster-dir", str(self.cluster_dir), "--topic", self.topic, "--group", self.group,
+                 "--name", name, "--out", str(self.path(name))],
+                stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
+                start_new_session=True, env=cluster.child_env())  # fmt: skip
+        return self.processes[name]
 
     def update(self) -> None:
         """Read what the members wrote since the last call."""
@@ -265,6 +270,7 @@ class ConsumerGroup:
         member still running at the deadline."""
         for process in self.processes.values():
             if process.poll() is None:
+                cluster.send_signal(process.pid, signal.SIGCONT)  # a paused one must see the TERM
                 cluster.send_signal(process.pid, signal.SIGTERM)
         wait_until(
             lambda: all(p.poll() is not None for p in self.processes.values()), timeout_s, 0.05

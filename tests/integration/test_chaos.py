@@ -84,6 +84,35 @@ def test_defaults_find_no_loss_and_print_the_schedule(tmp_path):
     assert_cleaned_up(tmp_path)
 
 
+@pytest.mark.slow
+def test_a_consumer_group_consumes_every_acknowledged_record_and_its_commits_never_go_back(
+    tmp_path,
+):
+    # Short: 5 s of faults, the first one (0.1 s in, seed 1) kills the group's coordinator.
+    result = run_chaos_command(tmp_path, "--duration", "5", "--kill-every", "700", "--seed", "1",
+                               "--targets", "leader,coordinator", "--consumers", "2")  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "verdict: OK" in out, out[-3000:]
+    assert (
+        f"{chaos_check.CONSUMED_CHECK}: yes" in out and f"{chaos_check.COMMITS_CHECK}: yes" in out
+    )
+    report = json.loads(out.split("report: ", 1)[1].splitlines()[0])
+    group = report["group"]
+    assert group["group_id"] == "chaos-1" and group["consumers"] == 2 and group["drained"], group
+    assert group["at_least_once"] and group["commits_never_backwards"], group
+    assert group["missed"] == 0 and group["consumed"] >= report["acknowledged"] > 1000
+    assert group["consumed"] - group["consumed_distinct"] == group["reconsumed"] >= 0
+    assert group["commits"] > 0 and group["backwards"] == 0 and group["final_mismatches"] == []
+    hws = {p: row["high_watermark"] for p, row in report["partition_states"].items()}
+    assert group["final_offsets"] == group["last_commits"] == hws  # committed up to the end
+    assert set(group["ownership"]) == {"0", "1", "2"}
+    owners = {span[0] for spans in group["ownership"].values() for span in spans}
+    assert owners == {"consumer-0", "consumer-1"}, group["ownership"]
+    assert "SIGKILL broker=" in out and "target=coordinator back_in_ms" in out  # it was hit
+    assert_cleaned_up(tmp_path)  # the consumer processes too (their command lines name the dir)
+
+
 LOSSY_MODES = {
     # KIP-101: the follower that cut its log to its own HW is elected before it fetched back
     # (chained leader kills make that window). Seeds 4 and 5 lost records in most of our runs,
