@@ -765,12 +765,16 @@ def start_group(engine: Engine, cluster_dir: Path, spec, topic: str, group_id: s
     group = chaos_consumer.ConsumerGroup(cluster_dir, spec, topic, group_id, consumers, run_dir)
     say(f"chaos: {consumers} consumers (confluent-kafka, one process each) in group {group_id}, "
         f"their events in {run_dir}")  # fmt: skip
-    group.start()
-    engine.group = group
-    if not group.wait_assigned(GROUP_FORM_TIMEOUT_S, engine.check_cluster):
-        exited = "; ".join(group.exited()) or "none exited"
-        raise cluster.ClusterError(f"the consumer group {group_id} did not form within "
-                                   f"{GROUP_FORM_TIMEOUT_S:.0f} s ({exited}; see {run_dir})")  # fmt: skip
+    try:
+        group.start()
+        engine.group = group
+        if not group.wait_assigned(GROUP_FORM_TIMEOUT_S, engine.check_cluster):
+            exited = "; ".join(group.exited()) or "none exited"
+            raise cluster.ClusterError(f"the consumer group {group_id} did not form within "
+                                       f"{GROUP_FORM_TIMEOUT_S:.0f} s ({exited}; see {run_dir})")  # fmt: skip
+    except BaseException:
+        group.stop(5)  # the run's finally does not know this group yet
+        raise
     return group
 
 
