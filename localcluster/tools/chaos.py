@@ -6,7 +6,9 @@ a seeded schedule of faults: SIGKILL (the broker is restarted with the same id a
 its down time) or SIGSTOP (SIGCONT after its pause) to a partition's leader, a follower, the
 controller, any broker, or the supervisor. At the end every broker is brought back, the
 producer is flushed, the ISRs are waited full, and chaos_check consumes every partition and
-checks that no acknowledged record was lost.
+checks that no acknowledged record was lost. With `consumers`, a confluent-kafka consumer
+group (tools/chaos_consumer.py) reads the topic during the faults, its coordinator and its
+members are targets too, and after a bounded drain the checker adds the group's checks.
 
 The schedule (`make_schedule`) depends only on the seed and the options, so a seed reproduces
 it; which broker a target names is resolved when the fault fires (the leader of partition 1 is

@@ -3,8 +3,9 @@
 The command runs as its own process (as a user runs it), with TMPDIR inside the test's tmp
 dir so we can check that it removed its cluster dir and left no process behind. Short runs:
 the defaults must find no loss; hw-truncation with chained leader kills must find loss on
-one of a few seeds, and name the records and why. Also, fast: the schedule is a function of
-the seed, and the checker's offset rules.
+one of a few seeds, and name the records and why; with --consumers 2 a confluent-kafka group
+consumes every acknowledged record and its commits never go back. Also, fast: the schedule is
+a function of the seed, the checker's offset rules, the group targets need a group.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def test_checker_offsets():
     assert chaos_check.check_offsets(records[:2], 0, 3) == ["records end at offset 2, the HW is 3"]
     assert chaos_check.parse_value(b"k7:000000012") == ("k7", 12)
     assert chaos_check.parse_value(b"garbage") is None
+
+
+def test_group_targets_need_a_consumer_group(tmp_path):
+    result = run_chaos_command(tmp_path, "--targets", "leader,consumer", "--duration", "1")
+    assert result.returncode == 2 and "consumer needs a consumer group" in result.stderr, (
+        result.stderr
+    )
 
 
 # -- real processes -------------------------------------------------------------------------------
