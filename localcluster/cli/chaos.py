@@ -49,8 +49,9 @@ def _settings(ctx, param, values):
 @click.option("--kill-every", "kill_every_ms", default=500, show_default=True, type=click.IntRange(20, 3_600_000),
               help="Mean ms between faults (exponential gaps).")  # fmt: skip
 @click.option("--targets", default="leader,controller,follower,any", show_default=True,
-              callback=_csv(("leader", "controller", "follower", "any", "supervisor")),
-              help="Whom faults hit (comma-separated).")  # fmt: skip
+              callback=_csv(("leader", "controller", "follower", "any", "supervisor", "coordinator", "consumer")),
+              help="Whom faults hit (comma-separated; coordinator: the consumer group's; consumer: one of its "
+                   "members; both need --consumers).")  # fmt: skip
 @click.option("--faults", default="kill", show_default=True, callback=_csv(("kill", "stop")),
               help="kill: SIGKILL then restart; stop: SIGSTOP then SIGCONT.")  # fmt: skip
 @click.option(
@@ -79,10 +80,16 @@ def _settings(ctx, param, values):
 @click.option("--no-idempotence", "no_idempotence", is_flag=True,
               help="Produce without idempotence (retries across a failover may then write records "
                    "twice: the report counts them).")  # fmt: skip
+@click.option("--consumers", default=0, show_default=True, type=click.IntRange(0, 16),
+              help="Consumer processes (confluent-kafka) in one group reading the topic during the faults; "
+                   "the checks then include the group's (at least once, commits never backwards).")  # fmt: skip
+@click.option("--consumer-drain", "consumer_drain_s", default=60.0, show_default=True,
+              type=click.FloatRange(1, 3600),
+              help="Seconds the consumers get after the faults to consume and commit everything.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report on stdout.")
 def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions, replication_factor,
           min_insync_replicas, rate, max_down, settings, cluster_dir, keep, no_idempotence,
-          as_json):  # fmt: skip
+          consumers, consumer_drain_s, as_json):  # fmt: skip
     """Kill -9 (and SIGSTOP) brokers under acks=all load; prove no acknowledged record was lost.
 
     Prints the seeded schedule, the faults as they happen, a verdict and a JSON report
@@ -99,6 +106,10 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
     if min_insync_replicas > replication_factor:
         raise click.BadParameter(f"{min_insync_replicas} > --replication-factor {replication_factor}",
                                  param_hint="--min-insync-replicas")  # fmt: skip
+    needs_group = [t for t in targets if t in ("coordinator", "consumer")]
+    if needs_group and not consumers:
+        raise click.BadParameter(f"{','.join(needs_group)} needs a consumer group: add --consumers N",
+                                 param_hint="--targets")  # fmt: skip
     if cluster_dir is not None:
         cluster_dir = cluster.resolve_dir(cluster_dir)
         if not cluster.spec_path(cluster_dir).exists():
@@ -116,7 +127,8 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
                            seed=seed, cluster_dir=cluster_dir, settings=settings, brokers=brokers,
                            partitions=partitions, replication_factor=replication_factor,
                            min_insync_replicas=min_insync_replicas, rate=rate, max_down=max_down, keep=keep,
-                           idempotence=not no_idempotence, say=say)  # fmt: skip
+                           idempotence=not no_idempotence, consumers=consumers,
+                           consumer_drain_s=consumer_drain_s, say=say)  # fmt: skip
     except cluster.ClusterError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -127,6 +139,42 @@ def chaos(duration_s, kill_every_ms, targets, faults, seed, brokers, partitions,
     else:
         render(report, say)
     sys.exit(0 if report["verdict"] == "OK" else 1)
+
+
+def render_group(group: dict, say) -> None:
+    """The consumer group's two verdict lines, what failed, and who owned which partition when."""
+    from localcluster.tools.chaos_check import COMMITS_CHECK, CONSUMED_CHECK
+
+    def passed(ok):
+        return "yes" if ok else "NO"
+
+    def seconds(ms):
+        return f"{ms / 1000:.1f}".replace("-0.0", "0.0")
+
+    say(f"  group {group['group_id']}: {group['consumers']} consumers, {group['consumed']} records consumed "
+        f"({group['reconsumed']} re-consumed), {group['commits']} commits ({group['commits_failed']} failed), "
+        f"drained in {group['drain_s']:.1f} s" + ("" if group["drained"] else " (timed out)"))  # fmt: skip
+    if group.get("commit_wait_ms"):
+        say(f"  a synchronous commit waited {group['commit_wait_ms']['p50']} ms (p50), "
+            f"{group['commit_wait_ms']['max']} ms at most")  # fmt: skip
+    say(f"  {CONSUMED_CHECK}: {passed(group['at_least_once'])}"
+        + (f" ({group['missed']} never consumed)" if group["missed"] else "")
+        + (f" ({group['not_in_log']} consumed at an offset holding another record)" if group["not_in_log"] else ""))  # fmt: skip
+    say(f"  {COMMITS_CHECK}: {passed(group['commits_never_backwards'])}"
+        + (f" ({group['backwards']} steps back)" if group["backwards"] else ""))  # fmt: skip
+    for record in group["missed_records"][:10]:
+        say(
+            f"    NOT CONSUMED {record['value']} (p{record['partition']} offset {record['offset']})"
+        )
+    for step in group["backwards_steps"][:10]:
+        say(f"    BACKWARDS p{step['partition']}: {step['from']} by {step['from_consumer']} at {step['from_ms']} ms, "
+            f"then {step['to']} by {step['to_consumer']} at {step['to_ms']} ms")  # fmt: skip
+    for mismatch in group["final_mismatches"]:
+        say(f"    OFFSETFETCH {mismatch}")
+    for p, spans in group["ownership"].items():
+        owners = ", ".join(f"{name} {seconds(start)}..{'end' if end is None else seconds(end)}"
+                           for name, start, end in spans)  # fmt: skip
+        say(f"    p{p} owned by {owners} (s from the start of the faults)")
 
 
 def render(report: dict, say) -> None:
@@ -144,6 +192,8 @@ def render(report: dict, say) -> None:
         say(f"  LOST {record['value']}: {record['reason']}")
     if report["lost"] > len(report["lost_records"]):
         say(f"  ... and {report['lost'] - len(report['lost_records'])} more lost records")
+    if "group" in report:
+        render_group(report["group"], say)
     for problem in report["problems"]:
         say(f"  PROBLEM {problem}")
     for warning in report.get("warnings", []):

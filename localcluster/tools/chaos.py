@@ -6,7 +6,9 @@ a seeded schedule of faults: SIGKILL (the broker is restarted with the same id a
 its down time) or SIGSTOP (SIGCONT after its pause) to a partition's leader, a follower, the
 controller, any broker, or the supervisor. At the end every broker is brought back, the
 producer is flushed, the ISRs are waited full, and chaos_check consumes every partition and
-checks that no acknowledged record was lost.
+checks that no acknowledged record was lost. With `consumers`, a confluent-kafka consumer
+group (tools/chaos_consumer.py) reads the topic during the faults, its coordinator and its
+members are targets too, and after a bounded drain the checker adds the group's checks.
 
 The schedule (`make_schedule`) depends only on the seed and the options, so a seed reproduces
 it; which broker a target names is resolved when the fault fires (the leader of partition 1 is
@@ -41,11 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localcluster import cluster
-from localcluster.tools import chaos_check
+from localcluster.tools import chaos_check, chaos_consumer
 from localcluster.tools.perf import ClusterWatch
 from localcluster.waiting import wait_until
 
-TARGETS = ("leader", "controller", "follower", "any", "supervisor")
+TARGETS = ("leader", "controller", "follower", "any", "supervisor", "coordinator", "consumer")
+GROUP_TARGETS = ("coordinator", "consumer")  # need --consumers
 FAULTS = ("kill", "stop")
 TOPIC_CONFIGS = ("unclean.leader.election.enable", "min.insync.replicas")
 START_TIMEOUT_S = 90.0
@@ -53,6 +56,8 @@ RECOVER_TIMEOUT_S = 120.0
 TICK_S = 0.01
 MONITOR_EVERY_S = 0.1
 ACK_GAP_MS = 1000  # a partition with no acknowledgement for longer is reported unavailable
+GROUP_FORM_TIMEOUT_S = 60.0  # for the consumer group's first assignment (makes __consumer_offsets)
+OFFSETS_TOPIC = "__consumer_offsets"
 
 
 # -- the schedule -------------------------------------------------------------------------------
@@ -73,7 +78,8 @@ class Fault:
 
     def describe(self) -> str:
         what = {"leader": f"leader of p{self.partition}", "follower": f"a follower of p{self.partition}",
-                "controller": "the controller", "any": "any broker", "supervisor": "the supervisor"}  # fmt: skip
+                "controller": "the controller", "any": "any broker", "supervisor": "the supervisor",
+                "coordinator": "the group's coordinator", "consumer": "a consumer"}  # fmt: skip
         back = "restart" if self.fault == "kill" else "SIGCONT"
         sig = "SIGKILL" if self.fault == "kill" else "SIGSTOP"
         chain = (f"; then SIGKILL the next leader of p{self.partition} {self.chain_ms} ms after its election"
@@ -190,25 +196,22 @@ class Load:
 
     def finish(self, timeout_s: float, check=None) -> None:
         """Stop sending; wait for what is in flight (acknowledged or failed) up to timeout_s,
-        calling check() (which may raise to give up) every second of it."""
+        calling check() (which may raise to give up) as it waits."""
         self.stop_sending.set()
         self.thread.join(5)
         if self.producer is None:
             return
-        deadline = time.monotonic() + timeout_s
+
+        # Not producer.flush(short timeout) in a loop: a flush that times out cancels the
+        # futures of the records still in flight (their acknowledgements would be lost to the
+        # check); the load's own callbacks tell when every record is answered.
+        def answered():
+            if check is not None:
+                check()
+            return len(self.acks) + len(self.failed) >= self.sent
+
         try:
-            while True:
-                try:
-                    self.producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))
-                    return
-                except TimeoutError:
-                    pass
-                except Exception:  # noqa: BLE001 (a closed producer: nothing left to wait for)
-                    return
-                if check is not None:
-                    check()
-                if time.monotonic() >= deadline:
-                    return
+            wait_until(answered, timeout_s, 0.05)
         finally:
             with contextlib.suppress(Exception):
                 self.producer.close(min(5.0, timeout_s))
@@ -240,6 +243,8 @@ class Engine:
     _open_windows: dict = field(default_factory=dict)
     _zk: object = None
     watch: object = None  # perf.ClusterWatch of the cluster; None: never give up
+    group: object = None  # chaos_consumer.ConsumerGroup (--consumers): its coordinator, its members
+    consumers_down: dict = field(default_factory=dict)  # member name -> "killed" | "stopped"
 
     def check_cluster(self) -> None:
         """Raise ClusterError when the cluster went away (see the module's rules)."""
@@ -288,6 +293,8 @@ class Engine:
         if fault.target == "controller":
             broker = self.zk().controller_id()
             return (broker, "") if broker is not None else (None, "no controller")
+        if fault.target == "coordinator":
+            return self.coordinator()
         up = [b for b in self.spec.brokers if b not in self.down]
         if fault.target == "any":
             return up[int(fault.pick * len(up))] if up else None, "no broker up"
@@ -302,12 +309,30 @@ class Engine:
             return None, f"p{fault.partition} has no follower up"
         return followers[int(fault.pick * len(followers))], ""
 
+    def coordinator(self) -> tuple[int | None, str]:
+        """The group's coordinator: the leader of its __consumer_offsets partition."""
+        from localcluster.group import partition_for
+
+        if self.group is None:
+            return None, "no consumer group (--consumers)"
+        offsets = self.zk().assignment(OFFSETS_TOPIC)
+        if offsets is None:
+            return None, f"no {OFFSETS_TOPIC} yet"
+        found = self.zk().partition_state(
+            OFFSETS_TOPIC, partition_for(self.group.group, len(offsets.partitions))
+        )
+        if found is None or found[0].leader < 0:
+            return None, "the group's offsets partition has no leader"
+        return found[0].leader, ""
+
     # -- faults and recoveries ----------------------------------------------------------------
 
     def apply(self, fault: Fault) -> tuple | None:
         """Fire one fault; returns the recovery to schedule (or None when skipped)."""
         if fault.target == "supervisor":
             return self._supervisor_fault(fault)
+        if fault.target == "consumer":
+            return self._consumer_fault(fault)
         if self.supervisor_down == "restarting":
             return self._skip(fault, "the supervisor is being restarted")
         broker, why = self.resolve(fault)
@@ -362,9 +387,48 @@ class Engine:
         )
         return ("supervisor", None, pid)
 
-    def recover(self, kind: str, broker: int | None, pid: int) -> bool:
+    def _consumer_fault(self, fault: Fault):
+        """SIGKILL (restarted after down_ms: a new member, the same file) or SIGSTOP a member.
+        Not counted in max_down, which is about brokers."""
+        if self.group is None:
+            return self._skip(fault, "no consumer group (--consumers)")
+        up = [
+            n
+            for n, p in self.group.processes.items()
+            if p.poll() is None and n not in self.consumers_down
+        ]
+        if not up:
+            return self._skip(fault, "no consumer is up")
+        name = up[int(fault.pick * len(up))]
+        pid = self.group.processes[name].pid
+        if fault.fault == "kill":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.group.processes[name].wait(5)
+        else:
+            cluster.send_signal(pid, signal.SIGSTOP)
+        self.consumers_down[name] = "killed" if fault.fault == "kill" else "stopped"
+        self.record("SIGKILL" if fault.fault == "kill" else "SIGSTOP", consumer=name, pid=pid,
+                    back_in_ms=fault.down_ms)  # fmt: skip
+        return ("consumer", name, pid)
+
+    def _recover_consumer(self, name: str, pid: int) -> None:
+        state = self.consumers_down.pop(name, None)
+        if state == "stopped":
+            cluster.send_signal(pid, signal.SIGCONT)
+            self.record("SIGCONT", consumer=name, pid=pid)
+        elif state == "killed":
+            process = self.group.restart(name)
+            self.record("restart", consumer=name, pid=process.pid)
+        self.cycles += 1
+
+    def recover(self, kind: str, broker, pid: int) -> bool:
         """Undo one fault; False when it must wait (a supervisor restart waits for every broker
         to be up, so that it spawns none of them while we restart them too)."""
+        if kind == "consumer":
+            self._recover_consumer(broker, pid)
+            return True
         if kind == "supervisor":
             if self.supervisor_down == "stopped":
                 cluster.send_signal(pid, signal.SIGCONT)
@@ -521,7 +585,9 @@ class Engine:
         self.recover_all()
 
     def recover_all(self) -> None:
-        """Every broker back (and the supervisor); called at the end and on errors."""
+        """Every broker back (and the supervisor, the consumers); called at the end and on errors."""
+        for name in list(self.consumers_down):
+            self._recover_consumer(name, self.group.processes[name].pid)
         for broker in list(self.down):
             state = self.down[broker]
             pid = cluster.read_pid(cluster.pid_file(self.cluster_dir, broker)) or 0
@@ -690,6 +756,51 @@ def unavailability(engine: Engine, acks, started_wall_ms: int, partitions: int) 
     return out
 
 
+# -- the consumer group (--consumers N) --------------------------------------------------------
+
+
+def start_group(engine: Engine, cluster_dir: Path, spec, topic: str, group_id: str, consumers: int,
+                say) -> chaos_consumer.ConsumerGroup:  # fmt: skip
+    """Start the members and wait for each one's first assignment, before the load and the
+    faults (the first FindCoordinator makes __consumer_offsets, which takes seconds here)."""
+    run_dir = cluster_dir / "chaos-consumers" / group_id
+    group = chaos_consumer.ConsumerGroup(cluster_dir, spec, topic, group_id, consumers, run_dir)
+    say(f"chaos: {consumers} consumers (confluent-kafka, one process each) in group {group_id}, "
+        f"their events in {run_dir}")  # fmt: skip
+    try:
+        group.start()
+        engine.group = group
+        if not group.wait_assigned(GROUP_FORM_TIMEOUT_S, engine.check_cluster):
+            exited = "; ".join(group.exited()) or "none exited"
+            raise cluster.ClusterError(f"the consumer group {group_id} did not form within "
+                                       f"{GROUP_FORM_TIMEOUT_S:.0f} s ({exited}; see {run_dir})")  # fmt: skip
+    except BaseException:
+        group.stop(5)  # the run's finally does not know this group yet
+        raise
+    return group
+
+
+def finish_group(engine: Engine, group, acks, log_records: dict, high_watermarks: dict,
+                 drain_s: float, started_wall_ms: int, say) -> dict:  # fmt: skip
+    """The drain (faults over: until every acknowledged record was consumed and committed up
+    to the HW, at most drain_s), the members stopped, the final OffsetFetch, the checks."""
+    exited = group.exited()  # before we stop them: these died during the run
+    say(f"chaos: draining the consumers (at most {drain_s:g} s)")
+    started = time.monotonic()
+    drained = group.wait_drained(acks, high_watermarks, drain_s, engine.check_cluster)
+    drain_took_s = time.monotonic() - started
+    group.stop()
+    committed, why = group.fetch_committed()
+    result = chaos_check.check_group(acks, group.events, sorted(high_watermarks), committed,
+                                     log_records=log_records, fetch_error=why,
+                                     since_ms=started_wall_ms)  # fmt: skip
+    say(f"chaos: consumers drained in {drain_took_s:.1f} s ({'complete' if drained else 'timed out'}), "
+        f"{result['consumed']} records consumed, {result['reconsumed']} re-consumed")  # fmt: skip
+    return {"group_id": group.group, "drain_s": round(drain_took_s, 3), "drained": drained,
+            "exited_during_run": exited, "high_watermarks": {str(p): hw for p, hw in high_watermarks.items()},
+            **result}  # fmt: skip
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -698,7 +809,8 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
               settings: dict[str, str] | None = None, brokers: int = 3, partitions: int = 3,
               replication_factor: int = 3, min_insync_replicas: int = 2, rate: int = 1000,
               max_down: int | None = None, topic: str | None = None, keep: bool = False,
-              idempotence: bool = True, say=print) -> dict:  # fmt: skip
+              idempotence: bool = True, consumers: int = 0, consumer_drain_s: float = 60.0,
+              say=print) -> dict:  # fmt: skip
     """Run the chaos and return the report (see docs/chaos.md). `say` gets the progress lines."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     settings = dict(settings or {})
@@ -707,7 +819,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         cluster_dir = Path(tempfile.mkdtemp(prefix="localcluster-chaos-"))
     cluster_dir = Path(cluster_dir).resolve()
     children: list = []
-    engine = load = None
+    engine = load = group = None
     try:
         if own_dir:
             say(f"chaos: starting {brokers} brokers in {cluster_dir}"
@@ -733,6 +845,9 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
                         max_down if max_down is not None else max(1, brokers - 1), say)  # fmt: skip
         engine.children = children
         engine.watch = ClusterWatch(cluster_dir, spec)
+        if consumers:
+            group = start_group(engine, cluster_dir, spec, topic, f"chaos-{seed}" if own_dir else topic,
+                                consumers, say)  # fmt: skip
         started_wall_ms = int(time.time() * 1000)
         load = Load(cluster_dir, topic, keys=2 * partitions, rate=rate, idempotence=idempotence)
         load.start()
@@ -750,7 +865,13 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         short = engine.wait_isr_full(RECOVER_TIMEOUT_S)
         if short:
             say(f"chaos: ISRs still short after {RECOVER_TIMEOUT_S:.0f} s: {'; '.join(short)}")
-        result = chaos_check.check(cluster_dir, topic, load.acks, since_ms=started_wall_ms - 1000)
+        log_records = high_watermarks = None
+        if group is not None:
+            log_records, high_watermarks = chaos_check.consume_all(
+                cluster_dir, topic, list(range(partitions))
+            )
+        result = chaos_check.check(cluster_dir, topic, load.acks, since_ms=started_wall_ms - 1000,
+                                   consumed=log_records, high_watermarks=high_watermarks)  # fmt: skip
         if short:
             result["problems"].append(f"ISRs not full at the end: {'; '.join(short)}")
         failures = defaultdict(int)
@@ -776,8 +897,19 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         }  # fmt: skip
         if load.error is not None:
             report["problems"].append(f"the producer thread failed: {load.error!r}")
+        if group is not None:
+            report["group"] = finish_group(engine, group, load.acks, log_records, high_watermarks,
+                                           consumer_drain_s, started_wall_ms, say)  # fmt: skip
+            report["warnings"] += [
+                f"consumer {x} during the run" for x in report["group"]["exited_during_run"]
+            ]
+            if report["verdict"] == "OK" and not (report["group"]["at_least_once"]
+                                                  and report["group"]["commits_never_backwards"]):  # fmt: skip
+                report["verdict"] = "VIOLATION"
         return report
     finally:
+        if group is not None:
+            group.stop(5)
         gone = engine is not None and engine.watch is not None and engine.watch.problem()
         if load is not None and not load.stop_sending.is_set():
             load.finish(0.5 if gone else 5)  # a removed cluster acknowledges nothing more

@@ -375,3 +375,138 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
         "LOSS" if lost else ("VIOLATION" if report["problems"] or report["moved"] else "OK")
     )
     return report
+
+
+# -- the consumer group (chaos --consumers N) ------------------------------------------------------
+
+CONSUMED_CHECK = "every acknowledged record was consumed at least once"
+COMMITS_CHECK = "committed offsets never went backwards"
+
+
+def group_commits(logs: dict[str, list[dict]]) -> tuple[dict, list[dict]]:
+    """{partition: [(answered_us, offset, consumer)]} of the successful commits, by answer
+    time, and every commit attempt that failed (whole or for a partition)."""
+    succeeded, failed = defaultdict(list), []
+    for name, events in logs.items():
+        for e in events:
+            if e["e"] != "c":
+                continue
+            partition_errors = e.get("partition_errors") or {}
+            for p, offset in e["offsets"].items():
+                error = e["error"] or partition_errors.get(p)
+                if error is None:
+                    succeeded[int(p)].append((e["t"], offset, name))
+                else:
+                    failed.append({"consumer": name, "partition": int(p), "offset": offset,
+                                   "t": e["t"], "error": error})  # fmt: skip
+    for commits in succeeded.values():
+        commits.sort()
+    return succeeded, failed
+
+
+def check_commits(succeeded: dict, failed: list[dict], committed: dict[int, int] | None,
+                  partitions, since_ms: int, fetch_error: str = "") -> tuple[list[dict], list[str]]:  # fmt: skip
+    """Backward steps of each partition's successful commits (against the highest before it),
+    and how the final OffsetFetch differs from the last successful commit of each partition."""
+    backwards = []
+    for p, commits in sorted(succeeded.items()):
+        high = None
+        for t, offset, name in commits:
+            if high is not None and offset < high[1]:
+                backwards.append({"partition": p, "from": high[1], "from_consumer": high[2],
+                                  "from_ms": high[0] // 1000 - since_ms, "to": offset, "to_consumer": name,
+                                  "to_ms": t // 1000 - since_ms})  # fmt: skip
+            if high is None or offset >= high[1]:
+                high = (t, offset, name)
+    if committed is None:
+        return backwards, [f"the group's committed offsets could not be fetched: {fetch_error}"]
+    mismatches = []
+    for p in partitions:
+        last = succeeded[p][-1] if succeeded.get(p) else None
+        fetched = committed.get(p)
+        if (last[1] if last else None) == fetched:
+            continue
+        text = (f"p{p}: OffsetFetch answers {fetched if fetched is not None else 'no offset'}, the last "
+                f"successful commit was " + (f"{last[1]} by {last[2]}" if last else "none"))  # fmt: skip
+        later = [f for f in failed if f["partition"] == p and f["offset"] == fetched
+                 and (last is None or f["t"] > last[0])]  # fmt: skip
+        if later:
+            text += f" (a later commit of {fetched} by {later[-1]['consumer']} was answered {later[-1]['error']})"
+        mismatches.append(text)
+    return backwards, mismatches
+
+
+def ownership(logs: dict[str, list[dict]], since_ms: int) -> dict[str, list]:
+    """{partition: [[consumer, from_ms, to_ms or None (owned until it ended)]]} from the members'
+    assignment, revocation, loss and close lines."""
+    out = defaultdict(list)
+    for name, events in logs.items():
+        open_at: dict[int, int] = {}
+        for e in events:
+            ms = e["t"] // 1000 - since_ms
+            if e["e"] == "a":
+                for p in e["partitions"]:
+                    open_at.setdefault(p, ms)
+            elif e["e"] == "s":  # a new life: the last one was killed, it owned until now at most
+                for p, start in open_at.items():
+                    out[p].append([name, start, ms])
+                open_at.clear()
+            elif e["e"] in ("v", "l", "x"):
+                for p in e.get("partitions", list(open_at)):
+                    if p in open_at:
+                        out[p].append([name, open_at.pop(p), ms])
+        for p, start in open_at.items():
+            out[p].append([name, start, None])
+    return {str(p): sorted(spans, key=lambda s: s[1]) for p, spans in sorted(out.items())}
+
+
+def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, committed: dict[int, int] | None,
+                *, log_records: dict | None = None, fetch_error: str = "", since_ms: int = 0) -> dict:  # fmt: skip
+    """The consumer group's two checks, from the acknowledgements, the members' event lines
+    (tools/chaos_consumer.py) and the final OffsetFetch: every acknowledged record consumed at
+    least once (at its offset, with its value), and per partition the successful commits never
+    going backwards and the final committed offset equal to the last of them. Re-consumed
+    records (at-least-once after a rebalance) are counted, not a failure."""
+    reads = defaultdict(list)  # (partition, offset) -> [value, ...] over every member
+    errors = {}
+    for name, events in logs.items():
+        errors[name] = sum(1 for e in events if e["e"] == "e")
+        for e in events:
+            if e["e"] == "r":
+                reads[(e["p"], e["o"])].append(e["v"])
+    consumed = {(p, o, v) for (p, o), values in reads.items() for v in values}
+    missed = [a for a in acks if (a.partition, a.offset, a.value) not in consumed]
+    reconsumed = defaultdict(int)
+    for (p, _), values in reads.items():
+        reconsumed[str(p)] += len(values) - 1
+    foreign = []  # read at an offset that holds something else in the log
+    if log_records is not None:
+        logged = {(p, o): v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+                  for p, records in log_records.items() for o, v in records}  # fmt: skip
+        foreign = [(p, o, v) for (p, o, v) in sorted(consumed) if logged.get((p, o)) != v]
+    succeeded, failed = group_commits(logs)
+    backwards, mismatches = check_commits(
+        succeeded, failed, committed, partitions, since_ms, fetch_error
+    )
+    failures = defaultdict(int)
+    for f in failed:
+        failures[f["error"].split(":")[0]] += 1
+    waits = sorted(
+        (e["t"] - e["sent"]) / 1000 for events in logs.values() for e in events if e["e"] == "c"
+    )
+    return {
+        "consumers": len(logs), "consumed": sum(len(v) for v in reads.values()),
+        "consumed_distinct": len(reads), "missed": len(missed),
+        "missed_records": [{"value": a.value, "partition": a.partition, "offset": a.offset}
+                           for a in missed[:LOSS_EXAMPLES]],
+        "reconsumed": sum(reconsumed.values()), "reconsumed_by_partition": dict(reconsumed),
+        "not_in_log": len(foreign), "not_in_log_records": [list(x) for x in foreign[:LOSS_EXAMPLES]],
+        "commits": sum(len(c) for c in succeeded.values()), "commits_failed": len(failed),
+        "commit_failures": dict(failures), "backwards": len(backwards),
+        "commit_wait_ms": {"p50": round(waits[len(waits) // 2], 1), "max": round(waits[-1], 1)} if waits else {},
+        "backwards_steps": backwards[:LOSS_EXAMPLES], "final_offsets": committed,
+        "last_commits": {str(p): c[-1][1] for p, c in sorted(succeeded.items())},
+        "final_mismatches": mismatches, "consumer_errors": errors,
+        "ownership": ownership(logs, since_ms),
+        "at_least_once": not missed and not foreign, "commits_never_backwards": not backwards and not mismatches,
+    }  # fmt: skip

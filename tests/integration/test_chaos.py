@@ -3,8 +3,9 @@
 The command runs as its own process (as a user runs it), with TMPDIR inside the test's tmp
 dir so we can check that it removed its cluster dir and left no process behind. Short runs:
 the defaults must find no loss; hw-truncation with chained leader kills must find loss on
-one of a few seeds, and name the records and why. Also, fast: the schedule is a function of
-the seed, and the checker's offset rules.
+one of a few seeds, and name the records and why; with --consumers 2 a confluent-kafka group
+consumes every acknowledged record and its commits never go back. Also, fast: the schedule is
+a function of the seed, the checker's offset rules, the group targets need a group.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def test_checker_offsets():
     assert chaos_check.parse_value(b"garbage") is None
 
 
+def test_group_targets_need_a_consumer_group(tmp_path):
+    result = run_chaos_command(tmp_path, "--targets", "leader,consumer", "--duration", "1")
+    assert result.returncode == 2 and "consumer needs a consumer group" in result.stderr, (
+        result.stderr
+    )
+
+
 # -- real processes -------------------------------------------------------------------------------
 
 
@@ -82,6 +90,35 @@ def test_defaults_find_no_loss_and_print_the_schedule(tmp_path):
     assert report["acknowledged"] > 1000 and report["cycles"] >= 5, report
     assert set(report["unavailability"]) == {"0", "1", "2"}
     assert_cleaned_up(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_consumer_group_consumes_every_acknowledged_record_and_its_commits_never_go_back(
+    tmp_path,
+):
+    # Short: 5 s of faults, the first one (0.1 s in, seed 1) kills the group's coordinator.
+    result = run_chaos_command(tmp_path, "--duration", "5", "--kill-every", "700", "--seed", "1",
+                               "--targets", "leader,coordinator", "--consumers", "2")  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    assert "verdict: OK" in out, out[-3000:]
+    assert (
+        f"{chaos_check.CONSUMED_CHECK}: yes" in out and f"{chaos_check.COMMITS_CHECK}: yes" in out
+    )
+    report = json.loads(out.split("report: ", 1)[1].splitlines()[0])
+    group = report["group"]
+    assert group["group_id"] == "chaos-1" and group["consumers"] == 2 and group["drained"], group
+    assert group["at_least_once"] and group["commits_never_backwards"], group
+    assert group["missed"] == 0 and group["consumed"] >= report["acknowledged"] > 1000
+    assert group["consumed"] - group["consumed_distinct"] == group["reconsumed"] >= 0
+    assert group["commits"] > 0 and group["backwards"] == 0 and group["final_mismatches"] == []
+    hws = {p: row["high_watermark"] for p, row in report["partition_states"].items()}
+    assert group["final_offsets"] == group["last_commits"] == hws  # committed up to the end
+    assert set(group["ownership"]) == {"0", "1", "2"}
+    owners = {span[0] for spans in group["ownership"].values() for span in spans}
+    assert owners == {"consumer-0", "consumer-1"}, group["ownership"]
+    assert "SIGKILL broker=" in out and "target=coordinator back_in_ms" in out  # it was hit
+    assert_cleaned_up(tmp_path)  # the consumer processes too (their command lines name the dir)
 
 
 LOSSY_MODES = {
