@@ -944,9 +944,11 @@ class Producer:
             producer._flushing += 1  # noqa: SLF001 (linger ends now, as AsyncProducer.flush)
             producer._wakeup.set()  # noqa: SLF001
             try:
-                await asyncio.gather(*(asyncio.wrap_future(f) for f in outstanding),
-                                     return_exceptions=True)  # fmt: skip
-                await producer.flush()
+                # asyncio.wait, not gather: a flush that times out must leave the records in
+                # flight alone (gather's cancellation would cancel each record's future)
+                if outstanding:
+                    await asyncio.wait([asyncio.wrap_future(f) for f in outstanding])
+                await asyncio.shield(producer.flush())
             finally:
                 producer._flushing -= 1  # noqa: SLF001
 

@@ -102,6 +102,7 @@ def member(bootstrap: str, topic: str, group: str, name: str, out: Path, setting
     events.write("s", pid=os.getpid(), name=name)  # first: it ends the last life's ownership
     events.flush()
     from confluent_kafka import Consumer
+
     config = {**settings, "bootstrap.servers": bootstrap, "group.id": group, "client.id": name,
               "auto.offset.reset": "earliest", "enable.auto.commit": False,
               "error_cb": lambda error: events.error(error_text(error))}  # fmt: skip

@@ -394,3 +394,30 @@ def test_confluent_kafka_records_read_by_our_consumer(broker):
     for v, k, h, ts in wanted:
         r = by_timestamp[ts]
         assert (r.value, r.key, r.headers) == (v, k, h)
+
+
+def test_a_flush_that_times_out_leaves_the_records_in_flight(brokers, broker):
+    """Producer.flush(timeout) once cancelled every record still in flight when it timed out
+    (so chaos counted written records as failed); now they are delivered once the broker
+    answers, as Kafka's flush(timeout) leaves them."""
+    import os
+    import signal
+
+    from localcluster import cluster
+
+    producer = Producer(bootstrap_servers=broker.bootstrap, acks="all",
+                        request_timeout_ms=30_000, delivery_timeout_ms=120_000)  # fmt: skip
+    try:
+        producer.send("paused", b"warm").result(30)
+        assert cluster.stop_and_wait(broker.pid)
+        try:
+            futures = [producer.send("paused", b"v%d" % i) for i in range(10)]
+            with pytest.raises(TimeoutError):
+                producer.flush(0.5)
+            assert not any(f.cancelled() for f in futures), "a timed-out flush cancelled records"
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        producer.flush(30)
+        assert sorted(f.result(1)[1] for f in futures) == list(range(1, 11))  # (partition, offset)
+    finally:
+        producer.close(5)
