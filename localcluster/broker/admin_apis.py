@@ -1,5 +1,5 @@
-"""Admin APIs beside CreateTopics: DeleteTopics, CreatePartitions, DescribeConfigs, AlterConfigs
-and IncrementalAlterConfigs.
+"""Admin APIs beside CreateTopics: DeleteTopics, CreatePartitions, ElectLeaders, DescribeConfigs,
+AlterConfigs and IncrementalAlterConfigs.
 
 - DeleteTopics (v1-v6) asks the controller as ZooKeeper-mode Kafka does (a znode under
   /admin/delete_topics) and answers when the topic is gone from the store or its timeout
@@ -13,6 +13,14 @@ and IncrementalAlterConfigs.
   replication factor of distinct live brokers (INVALID_REPLICA_ASSIGNMENT). `__consumer_offsets`
   is refused: more partitions would move groups to other coordinators (Kafka allows it, and it
   silently orphans their offsets).
+- ElectLeaders (v0-v2, PREFERRED and UNCLEAN) checks each partition first, as Kafka does:
+  ELECTION_NOT_NEEDED (the preferred replica leads already; for UNCLEAN, a live leader exists),
+  PREFERRED_LEADER_NOT_AVAILABLE (the preferred replica is dead or out of the ISR),
+  ELIGIBLE_LEADERS_NOT_AVAILABLE (no live replica at all). The rest are handed to the
+  controller through /admin/preferred_replica_election (Kafka's znode) or
+  /admin/unclean_leader_election (ours, the same format: ZooKeeper-mode Kafka ran ElectLeaders
+  inside the controller's process, which any broker reaches here through the store), and each
+  is answered when its new leader is in the store, or REQUEST_TIMED_OUT.
 - DescribeConfigs (v1-v4) describes a topic (its effective TopicConfig: each value with its
   source, DYNAMIC_TOPIC_CONFIG for an override, else the broker's property it falls back to,
   and the synonyms when asked) or this broker (every property of BrokerConfig, all read-only:
@@ -29,6 +37,7 @@ and IncrementalAlterConfigs.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from kio.schema.errors import ErrorCode
@@ -58,6 +67,7 @@ class AdminApis:
     def handlers(self) -> dict:
         return {ApiKey.DELETE_TOPICS: self.handle_delete_topics,
                 ApiKey.CREATE_PARTITIONS: self.handle_create_partitions,
+                ApiKey.ELECT_LEADERS: self.handle_elect_leaders,
                 ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs,
                 ApiKey.ALTER_CONFIGS: self.handle_alter_configs,
                 ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs}  # fmt: skip
@@ -154,6 +164,87 @@ class AdminApis:
             return ErrorCode.reassignment_in_progress, ("the topic's assignment changed meanwhile; "
                                                         "try again")  # fmt: skip
         return ErrorCode.none, None
+
+    # -- ElectLeaders ---------------------------------------------------------------------------
+
+    async def handle_elect_leaders(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+        unclean = getattr(request, "election_type", PREFERRED) == UNCLEAN
+        deadline = time.monotonic() + max(request.timeout.total_seconds(), 0)
+        asked = None if request.topic_partitions is None else [
+            (t.topic, p) for t in request.topic_partitions for p in t.partitions]  # fmt: skip
+        verdicts = await asyncio.to_thread(self._election_verdicts, asked, unclean)
+        chosen = [tp for tp, (code, _) in verdicts.items() if code is None]
+        if chosen:
+            written = await self._request_election(chosen, unclean, deadline)
+            for tp in chosen:
+                verdicts[tp] = (ErrorCode.none, None) if written else (
+                    ErrorCode.request_timed_out, "another election request is still pending")  # fmt: skip
+            if written:
+                await self._await_elected(chosen, unclean, deadline, verdicts)
+        by_topic: dict[str, list] = {}
+        for (topic, partition), (code, message) in sorted(verdicts.items()):
+            by_topic.setdefault(topic, []).append(
+                {"partition_id": partition, "error_code": code, "error_message": message}
+            )
+        return self._encode(header, {"error_code": 0, "replica_election_results": [
+            {"topic": t, "partition_result": rows} for t, rows in by_topic.items()]})  # fmt: skip
+
+    def _election_verdicts(self, asked, unclean: bool) -> dict:
+        """Per partition (error code, message), or (None, None) for the ones to elect."""
+        zk = self.metadata.zk
+        live = set(zk.live_brokers())
+        if asked is None:
+            asked = [(t, p) for t in zk.topics()
+                     for p in getattr(zk.assignment(t), "partitions", {})]  # fmt: skip
+        out = {}
+        for topic, partition in asked:
+            assignment = zk.assignment(topic) if legal_topic(topic) else None
+            found = zk.partition_state(topic, partition) if assignment else None
+            if found is None or partition not in assignment.partitions:
+                out[(topic, partition)] = (ErrorCode.unknown_topic_or_partition,
+                                           f"{topic}-{partition} does not exist")  # fmt: skip
+                continue
+            state, replicas = found[0], assignment.partitions[partition]
+            out[(topic, partition)] = (_unclean_verdict if unclean else _preferred_verdict)(
+                state, replicas, live
+            )
+        return out
+
+    async def _request_election(self, chosen, unclean: bool, deadline: float) -> bool:
+        from localcluster.coord import NodeExistsError, paths
+
+        path = paths.UNCLEAN_LEADER_ELECTION if unclean else paths.PREFERRED_REPLICA_ELECTION
+        body = json.dumps({"version": 1, "partitions": [
+            {"topic": t, "partition": p} for t, p in chosen]}).encode()  # fmt: skip
+        while True:
+            try:
+                await asyncio.to_thread(self.metadata.coord.create, path, body, makepath=True)
+                return True
+            except NodeExistsError:  # an earlier request is being carried out
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(0.02)
+
+    async def _await_elected(self, chosen, unclean: bool, deadline: float, verdicts) -> None:
+        zk = self.metadata.zk
+
+        def pending() -> list:
+            live = set(zk.live_brokers())
+            left = []
+            for topic, partition in chosen:
+                found = zk.partition_state(topic, partition)
+                preferred = zk.assignment(topic).partitions[partition][0]
+                leader = found[0].leader if found else -1
+                if (leader not in live) if unclean else (leader != preferred):
+                    left.append((topic, partition))
+            return left
+
+        while (left := await asyncio.to_thread(pending)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for tp in left:
+            verdicts[tp] = (ErrorCode.request_timed_out,
+                            "the controller has not elected it yet; it goes on")  # fmt: skip
 
     # -- DescribeConfigs ----------------------------------------------------------------------
 
@@ -294,6 +385,29 @@ def _apply_operations(current: dict, resource) -> dict:
                                                 f"{c.name}: unknown config_operation "
                                                 f"{c.config_operation}")  # fmt: skip
     return out
+
+
+PREFERRED, UNCLEAN = 0, 1  # ElectLeaders' election_type
+ELIGIBLE_LEADERS_NOT_AVAILABLE, ELECTION_NOT_NEEDED = 83, 84
+PREFERRED_LEADER_NOT_AVAILABLE = 80
+
+
+def _preferred_verdict(state, replicas, live) -> tuple[int | None, str | None]:
+    preferred = replicas[0]
+    if state.leader == preferred:
+        return ELECTION_NOT_NEEDED, f"broker {preferred}, the preferred replica, leads already"
+    if preferred not in live or preferred not in state.isr:
+        why = "is not alive" if preferred not in live else "is not in the ISR"
+        return PREFERRED_LEADER_NOT_AVAILABLE, f"the preferred replica {preferred} {why}"
+    return None, None
+
+
+def _unclean_verdict(state, replicas, live) -> tuple[int | None, str | None]:
+    if state.leader in live:
+        return ELECTION_NOT_NEEDED, f"broker {state.leader} leads it"
+    if not set(replicas) & live:
+        return ELIGIBLE_LEADERS_NOT_AVAILABLE, f"no replica of {list(replicas)} is alive"
+    return None, None
 
 
 def _check_new_assignment(added: dict, count: int, rf: int, live: set[int]) -> str | None:

@@ -47,6 +47,7 @@ class ApiKey(enum.IntEnum):
     CREATE_PARTITIONS = 37
     SASL_AUTHENTICATE = 36
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
     OFFSET_DELETE = 47
     DESCRIBE_PRODUCERS = 61
@@ -73,6 +74,7 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.DESCRIBE_CONFIGS: VersionRange(1, 4, 4),
     ApiKey.ALTER_CONFIGS: VersionRange(0, 2, 2),
     ApiKey.CREATE_PARTITIONS: VersionRange(0, 3, 2),
+    ApiKey.ELECT_LEADERS: VersionRange(0, 2, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1, 1),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),

@@ -243,6 +243,9 @@ def sample_request(api_key: int, version: int) -> bytes:
         name = f"created-v{2 + (version - 1) % 3}" if version <= 3 else "no-such-topic"
         return messages.encode_request(api_key, version, {
             "topic_names": [name], "topics": [{"name": name}], "timeout": 10_000})  # fmt: skip
+    if api_key == ApiKey.ELECT_LEADERS:  # one broker: its leader is the preferred replica
+        return messages.encode_request(api_key, version, {"election_type": 0, "topic_partitions": [
+            {"topic": TOPIC, "partitions": [0]}], "timeout": 10_000})  # fmt: skip
     if api_key == ApiKey.CREATE_PARTITIONS:  # each version grows a topic of its own by one
         return messages.encode_request(api_key, version, {"topics": [
             {"name": f"created-v{2 + version % 3}", "count": 3 if version < 3 else 4,
@@ -300,6 +303,9 @@ def check_response(api_key: int, version: int, response) -> None:
         (result,) = response.responses
         expected = 0 if version <= 3 else 3  # deleted, then UNKNOWN_TOPIC_OR_PARTITION
         assert result.error_code == expected, response
+    elif api_key == ApiKey.ELECT_LEADERS:
+        (result,) = response.replica_election_results
+        assert [(p.partition_id, p.error_code) for p in result.partition_result] == [(0, 84)]
     elif api_key == ApiKey.CREATE_PARTITIONS:
         (result,) = response.results
         assert result.error_code == 0, response
@@ -329,7 +335,7 @@ ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
          ApiKey.LIST_OFFSETS, ApiKey.CREATE_TOPICS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
          ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS, *GROUP_APIS, ApiKey.CREATE_PARTITIONS,
          ApiKey.DELETE_TOPICS, ApiKey.DESCRIBE_CONFIGS, ApiKey.ALTER_CONFIGS,
-         ApiKey.INCREMENTAL_ALTER_CONFIGS]  # fmt: skip
+         ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ELECT_LEADERS]  # fmt: skip
 EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
 # The controller's requests change leadership; they are tested where a controller is.
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,

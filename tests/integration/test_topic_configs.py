@@ -194,3 +194,47 @@ def test_create_partitions_grows_a_topic_that_clients_then_use(brokers):
                        confluent_kafka.KafkaError.INVALID_REPLICA_ASSIGNMENT)):  # fmt: skip
         error = admin.create_partitions([bad], operation_timeout=10)["growing"].exception(20)
         assert error is not None and error.args[0].code() == code, error
+
+
+def test_elect_leaders_preferred_and_unclean_through_the_admin_client(brokers):
+    from confluent_kafka import ElectionType, TopicPartition
+
+    started = {b: brokers.start(b, replica_lag_time_max_ms="1000",
+                                auto_leader_rebalance_enable="false") for b in (1, 2)}  # fmt: skip
+    boot = ",".join(b.bootstrap for b in started.values())
+    with Admin(bootstrap_servers=boot) as ours:
+        ours.create_topic("elected", replication_factor=2, partitions=1)
+        preferred = ours.wait_for_leaders("elected").partitions[0].replicas[0]
+    other = 3 - preferred
+    tp = TopicPartition("elected", 0)
+
+    def elect(kind, timeout_s=20):  # (its operation_timeout keyword fails in 2.16: SystemError)
+        live = ",".join(b.bootstrap for b in started.values() if b.is_alive())
+        client = AdminClient({"bootstrap.servers": live})  # restarts moved the ports
+        return client.elect_leaders(kind, [tp]).result(timeout_s + 10)[tp]
+
+    def state():
+        with Admin(bootstrap_servers=",".join(b.bootstrap for b in started.values()
+                                              if b.is_alive())) as ours:  # fmt: skip
+            return ours.describe_topic("elected").partitions[0]
+
+    not_needed = elect(ElectionType.PREFERRED)
+    assert (
+        not_needed is not None
+        and not_needed.code() == confluent_kafka.KafkaError.ELECTION_NOT_NEEDED
+    )
+    # the preferred replica restarts: the other leads, until a preferred election moves it back
+    started[preferred].stop()
+    started[preferred] = brokers.restart(started[preferred])
+    wait_until(lambda: state().leader == other and len(state().isr) == 2, timeout_s=30,
+               message="the other replica leads and the preferred one is back in the ISR")  # fmt: skip
+    assert elect(ElectionType.PREFERRED) is None
+    assert state().leader == preferred
+    # unclean: the ISR shrinks to the leader, which dies; the out-of-sync replica comes back
+    started[other].stop()
+    wait_until(lambda: state().isr == (preferred,), timeout_s=30, message="the ISR shrinks")
+    started[preferred].kill()
+    started[other] = brokers.restart(started[other])
+    wait_until(lambda: state().leader == -1, timeout_s=30, message="the partition is offline")
+    assert elect(ElectionType.UNCLEAN) is None
+    assert state().leader == other
