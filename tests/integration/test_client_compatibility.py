@@ -421,11 +421,12 @@ class AioKafka:
         return aiokafka.__version__
 
     @staticmethod
-    def _run(coroutine):
-        return asyncio.run(asyncio.wait_for(coroutine, CALL_TIMEOUT_S))
+    def _run(coroutine, timeout_s: float = CALL_TIMEOUT_S):
+        return asyncio.run(asyncio.wait_for(coroutine, timeout_s))
 
     def produce(self, topic, records, codec=None, idempotent=None, recommended=False):
-        return self._run(self._produce(topic, records, codec, idempotent))
+        # A paced failover stream lasts until after the kill: it gets the cell's whole time.
+        return self._run(self._produce(topic, records, codec, idempotent), CELL_TIMEOUT_S - 5)
 
     async def _produce(self, topic, records, codec, idempotent):
         from aiokafka import AIOKafkaProducer
