@@ -30,10 +30,14 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 
 def test_full_matrix_has_every_combination_the_issue_names():
     every = cells(MATRIX_FULL)
-    assert len(every) == 3 * 2 * 2 * 2 * 2  # acks x RF x size x partitions x client
+    # acks x RF x size x partitions x client, and our client's acks=all cells twice (idempotent
+    # and not: issue 14's same-run ratio)
+    assert len(every) == 3 * 2 * 2 * 2 * 2 + 2 * 2 * 2
     assert {(c["acks"], c["replication_factor"], c["record_size"], c["partitions"], c["client"])
             for c in every} == {(a, rf, s, p, cl) for a in ("0", "1", "all") for rf in (1, 3)
                                 for s in (100, 1024) for p in (1, 6) for cl in ("own", "confluent")}  # fmt: skip
+    both = [c for c in every if c["client"] == "own" and c["acks"] == "all"]
+    assert sorted(c["idempotence"] for c in both) == [False] * 8 + [True] * 8
 
 
 def test_batch_records_fill_about_64_kib():
