@@ -20,7 +20,7 @@ shards do), waits, sleeps or sends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from localcluster.broker.replica_host import ReplicaHost
@@ -56,6 +56,7 @@ class GroupHost:
         self.shards: dict[int, GroupCoordinatorShard] = {}
         self.loads: dict[int, object] = {}  # partition -> the runtime's handle of a load running
         self.deadlines: dict[int, int] = {}  # partition -> when to tick its shard
+        self.new_uuid: Callable[[], str] | None = None  # the shards' member ids (None: uuid4)
 
     # -- the runtime's hooks -------------------------------------------------------------------
 
@@ -112,7 +113,8 @@ class GroupHost:
             log.error("%s-%d is led here but the topic has %d partitions; not loading it",
                       OFFSETS_TOPIC, partition, self.num_partitions)  # fmt: skip
             return None
-        shard = GroupCoordinatorShard(partition, self.num_partitions, self.group_config)
+        shard = GroupCoordinatorShard(partition, self.num_partitions, self.group_config,
+                                      self.new_uuid)  # fmt: skip
         shard.begin_loading(epoch)
         self.shards[partition] = shard
         return shard
@@ -177,6 +179,19 @@ class GroupHost:
         if self.num_partitions is None:
             return None
         return self.shards.get(partition_for(group_id, self.num_partitions))
+
+    def serving_shard(self, group_id: str) -> GroupCoordinatorShard:
+        """The shard owning `group_id` here, or a stand-in that answers by the same rules:
+        NOT_COORDINATOR (or INVALID_GROUP_ID), COORDINATOR_LOAD_IN_PROGRESS while this broker
+        leads offsets partitions it has not counted yet."""
+        shard = self.shard_for(group_id)
+        if shard is not None:
+            return shard
+        n = self.num_partitions or 1
+        placeholder = GroupCoordinatorShard(partition_for(group_id, n), n)
+        if self.loading_before_count:
+            placeholder.begin_loading()  # answers COORDINATOR_LOAD_IN_PROGRESS
+        return placeholder
 
     def loaded_shards(self) -> list[GroupCoordinatorShard]:
         return [s for _, s in sorted(self.shards.items())]

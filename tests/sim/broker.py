@@ -1,13 +1,16 @@
 """A simulated broker: the replica core (replication/replica_core.py) and the ReplicaHost around
 it (broker/replica_host.py: log actions, follower appends, a leader's append and reads, the
 logs a LeaderAndIsr opens, retention), the same the broker runtime drives, over the simulated
-network, real logs on disk and the simulator's clock.
+network, real logs on disk and the simulator's clock. Beside it the GroupHost of
+broker/group_host.py, the runtime's too: the group coordinator shards of the offsets partitions
+this broker leads, loaded by replaying their logs, their commits appended with acks=all.
 
 Every replication rule is the core's, and every step between the core and the logs is the
 ReplicaHost's. What is left here is what the runtime's event loop and sockets do: requests and
 answers as messages, ISR writes to the simulated store (read back when the answer is lost, as
 broker/metadata.update_isr does), long-polling fetches parked, requests timed out, and the
-broker's timers run on ticks (HW checkpoint, flush, ISR shrink, retention, heartbeats).
+broker's timers run on ticks (HW checkpoint, flush, ISR shrink, retention, heartbeats), and
+for the groups: a load steps one chunk of the replay per tick, shard deadlines are polled.
 
 A `BrokerHost` is the network node: it outlives crashes. A crash drops the `SimBroker` (every
 in-memory object) without closing its logs (kill -9: what was written survives, as page cache
@@ -19,8 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost
 from localcluster.broker.log_manager import LogManager
 from localcluster.broker.replica_host import ReplicaHost
+from localcluster.group import GroupConfig
 from localcluster.replication import ready as r
 from localcluster.replication.replica_core import ReplicaConfig, fetch_answerable
 from localcluster.replication.state_changes import describe
@@ -52,10 +57,20 @@ class SimConfig:
     retention_bytes: int = -1  # log.retention.bytes (time-based retention is off)
     log_retention_check_interval_ms: int = 100
 
+    # the group coordinator: a small __consumer_offsets, short timeouts
+    offsets_partitions: int = 3
+    offsets_commit_timeout_ms: int = 500
+    group_min_session_timeout_ms: int = 100
+    group_initial_rebalance_delay_ms: int = 20
+
     def log_config(self) -> LogConfig:
         return LogConfig(segment_bytes=self.segment_bytes, segment_index_bytes=4096,
                          retention_bytes=self.retention_bytes, retention_ms=-1,
                          prefault_bytes=0)  # fmt: skip
+
+    def group_config(self) -> GroupConfig:
+        return GroupConfig(group_min_session_timeout_ms=self.group_min_session_timeout_ms,
+                           group_initial_rebalance_delay_ms=self.group_initial_rebalance_delay_ms)  # fmt: skip
 
     def replica_config(self) -> ReplicaConfig:
         return ReplicaConfig(self.replication_protocol, self.min_insync_replicas,
@@ -86,11 +101,55 @@ class Pending:
     deadline_ms: int
 
 
+_DONE = object()
+
+
+class SimGroupHost(GroupHost):
+    """The shared GroupHost with the simulator's hooks: a load is a generator the broker's
+    ticks step, replies are messages, a commit's key is the CommitWait itself (answer_produce
+    routes it back), deadlines are polled on ticks."""
+
+    def __init__(self, broker: SimBroker, new_uuid):
+        config = broker.config
+        super().__init__(broker, config.group_config(), config.offsets_commit_timeout_ms,
+                         config.offsets_partitions)  # fmt: skip
+        self.broker = broker
+        self.new_uuid = new_uuid
+
+    def start_load(self, partition: int, epoch: int):
+        self.broker.trace(f"b{self.broker.broker_id} loading {OFFSETS_TOPIC}-{partition} "
+                          f"(coordinator epoch {epoch})")  # fmt: skip
+        return self.load(partition, epoch)
+
+    def cancel_load(self, handle) -> None:
+        handle.close()
+
+    def unload(self, partition: int) -> None:
+        if partition in self.shards:
+            self.broker.trace(f"b{self.broker.broker_id} unloading {OFFSETS_TOPIC}-{partition}")
+        super().unload(partition)
+
+    def deliver(self, reply_to, response) -> None:
+        src, corr = reply_to
+        self.broker.send(src, m.GroupResponse(corr, response))
+
+    def tick(self, now_ms: int) -> None:
+        for partition, steps in sorted(self.loads.items()):
+            if next(steps, _DONE) is _DONE:
+                del self.loads[partition]
+                shard = self.shards.get(partition)
+                if shard is not None:
+                    self.broker.trace(f"b{self.broker.broker_id} coordinator of "
+                                      f"{OFFSETS_TOPIC}-{partition}: {len(shard.groups)} group(s) "
+                                      f"loaded")  # fmt: skip
+        self.tick_due(now_ms)
+
+
 class SimBroker(ReplicaHost):
     """One incarnation of a broker process: the shared ReplicaHost with the simulator's hooks."""
 
     def __init__(self, broker_id: int, config: SimConfig, directory: Path, clock, send, trace,
-                 observer, corr_base: int = 0):  # fmt: skip
+                 observer, corr_base: int = 0, new_uuid=None):  # fmt: skip
         super().__init__(broker_id, config.replica_config(),
                          LogManager(directory, directory, lambda _: config.log_config(),
                                     clock.now_ms))  # fmt: skip
@@ -106,6 +165,7 @@ class SimBroker(ReplicaHost):
         self._corr = corr_base
         self.timers = self._timers()
         self.open_logs()
+        self.groups = SimGroupHost(self, new_uuid)
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
@@ -137,6 +197,9 @@ class SimBroker(ReplicaHost):
         self._request("zk", "isr", update, lambda corr: m.IsrWrite(corr, update))
 
     def answer_produce(self, key, error: int) -> None:
+        if isinstance(key, CommitWait):
+            self.groups.on_commit_answered(key, error)
+            return
         src, corr, tp, base_offset = key
         self.send(src, m.ProduceResponse(corr, tp, error, base_offset))
 
@@ -173,6 +236,7 @@ class SimBroker(ReplicaHost):
     def tick(self) -> None:
         now = self.now_ms()
         super().tick(now)
+        self.groups.tick(now)
         for corr, pending in list(self.pending.items()):
             if pending.deadline_ms <= now:
                 del self.pending[corr]
@@ -233,10 +297,12 @@ class SimBroker(ReplicaHost):
 
     def handle_leader_and_isr(self, src, request: m.LeaderAndIsr) -> None:
         result = self.lead_or_follow(request.controller_epoch, request.partitions)
+        self.groups.on_replicas_changed()
         self.send(src, m.LeaderAndIsrResponse(request.corr, result.error, result.partition_errors))
 
     def handle_stop_replica(self, src, request: m.StopReplica) -> None:
         result = self.stop(request.controller_epoch, request.partitions, request.delete_partitions)
+        self.groups.on_replicas_changed()
         self.send(src, m.LeaderAndIsrResponse(request.corr, result.error))
 
     # -- leader: fetches, epochs, offsets, produce ------------------------------------------------
@@ -288,10 +354,23 @@ class SimBroker(ReplicaHost):
         if not result.waiting:
             self.send(src, m.ProduceResponse(msg.corr, msg.tp, result.error, result.first_offset))
 
+    def handle_group_request(self, src, msg: m.GroupRequest) -> None:
+        """FindCoordinator is the member's (the leader of the group's offsets partition);
+        every other group request goes to the shard, which answers NOT_COORDINATOR if the
+        group is not coordinated here."""
+        group_id = _group_of(msg.request)
+        self.groups.submit(self.groups.serving_shard(group_id), msg.request, (src, msg.corr))
+
     _REQUESTS = {m.Fetch: handle_fetch, m.Produce: handle_produce,
+                 m.GroupRequest: handle_group_request,
                  m.LeaderAndIsr: handle_leader_and_isr, m.StopReplica: handle_stop_replica,
                  m.OffsetForLeaderEpoch: handle_offset_for_leader_epoch,
                  m.ListOffsets: handle_list_offsets}  # fmt: skip
+
+
+def _group_of(request) -> str:
+    groups = getattr(request, "groups", None)  # OffsetFetch: the member sends one group
+    return groups[0].group_id if groups else request.group_id
 
 
 @dataclass
@@ -317,7 +396,8 @@ class BrokerHost:
         sim = self.sim
         broker = SimBroker(self.broker_id, self.config, self.directory, sim.clock,
                            lambda dst, msg: sim.network.send(self.broker_id, dst, msg),
-                           sim.trace, sim.observer, self.generation * 1_000_000_000)  # fmt: skip
+                           sim.trace, sim.observer, self.generation * 1_000_000_000,
+                           sim.new_uuid)  # fmt: skip
         self.incarnation = broker
         broker.session = sim.zk.register(self.broker_id)
         self.paused = False

@@ -20,6 +20,11 @@
 - log-offsets: log_start_offset <= HW <= log_end_offset, and the Partition's offsets are the
   Log's.
 - two-leaders: no two brokers ever lead a partition in the same epoch.
+- commit-lost: an acknowledged offset commit is never lost: the loaded shard of the acting
+  leader of the group's offsets partition holds at least the last acknowledged offset of each
+  partition, and an OffsetFetch answers at least what was acknowledged before it was sent.
+  commit-backwards: what those shards hold never decreases (the member commits increasing
+  offsets; a commit the HW passed but whose answer was lost counts too).
 A log is read through `LogView`: batches decoded once and extended on appends (the simulator
 bumps a log's `sim_truncations` whenever it truncates, which forces a full re-read).
 """
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localcluster.broker.group_host import OFFSETS_TOPIC
+from localcluster.group import ShardState, partition_for
 from localcluster.storage import iter_batches, iter_records
 
 
@@ -134,6 +141,8 @@ class InvariantChecker:
         self.tolerated: set[str] = set()
         self.tolerated_seen: list[Violation] = []
         self._known_seen: set[tuple] = set()
+        self.committed: dict[str, dict[tuple[str, int], int]] = {}  # group -> last acked commits
+        self.commit_seen: dict[tuple[str, tuple[str, int]], int] = {}  # the most a shard held
 
     def _generation(self, broker_id: int) -> int:
         return self.sim.hosts[broker_id].generation
@@ -173,6 +182,18 @@ class InvariantChecker:
         acked[offset] = value
         self.acked_values.setdefault(tp, set()).add(value)
 
+    def on_commit_acked(self, group_id: str, tp, offset: int) -> None:
+        acked = self.committed.setdefault(group_id, {})
+        acked[tp] = max(acked.get(tp, -1), offset)
+
+    def on_offsets_fetched(self, group_id: str, found: dict, floor: dict, broker_id) -> None:
+        """An OffsetFetch answered NONE with `found`; `floor`: what was acked when it went out."""
+        for tp, offset in sorted(floor.items()):
+            if found.get(tp, -1) < offset:
+                self.fail("commit-lost", f"group {group_id}: b{broker_id} answered "
+                          f"{tp[0]}-{tp[1]}@{found.get(tp, -1)} to an OffsetFetch, but {offset} "
+                          f"was acknowledged before it was sent")  # fmt: skip
+
     # -- after every step -----------------------------------------------------------------------
 
     def check(self) -> None:
@@ -200,6 +221,29 @@ class InvariantChecker:
             self._check_duplicates(tp, leader)
         for tp, broker, hosted in presumed:  # WeakIsr: against the ISR each leader believes
             self._check_strong_isr(tp, (broker, hosted), sorted(hosted.state.isr), "weak-isr")
+        if self.committed:
+            self._check_commits()
+
+    def _check_commits(self) -> None:
+        partitions = self.sim.config.offsets_partitions
+        for group_id, acked in self.committed.items():
+            partition = partition_for(group_id, partitions)
+            leader = self.acting_leader((OFFSETS_TOPIC, partition))
+            shard = leader[0].groups.shards.get(partition) if leader else None
+            if shard is None or shard.state is not ShardState.ACTIVE:
+                continue  # no coordinator serves the group now
+            group = shard.groups.get(group_id)
+            for tp, offset in acked.items():
+                held = group.offsets.get(tp) if group is not None else None
+                value = -1 if held is None else held.committed_offset
+                where = (f"group {group_id}: coordinator b{leader[0].broker_id} (epoch "
+                         f"{shard.coordinator_epoch}) holds {tp[0]}-{tp[1]}@{value}")  # fmt: skip
+                if value < offset:
+                    self.fail("commit-lost", f"{where}, but {offset} was acknowledged")
+                seen = self.commit_seen.get((group_id, tp), -1)
+                if value < seen:
+                    self.fail("commit-backwards", f"{where}, but a coordinator held {seen}")
+                self.commit_seen[(group_id, tp)] = max(seen, value)
 
     def acting_leader(self, tp):
         """The recorded leader's hosted partition, if it has taken up the recorded epoch."""

@@ -1,7 +1,8 @@
 """The in-memory network: messages between nodes with seeded delay, loss, reordering (two
 messages on one link may arrive in either order) and partitions that cut links until healed.
 
-Nodes are names: broker ids (ints), "controller", "zk", "client". A message is lost when it
+Nodes are names: broker ids (ints), "controller", "zk", "client", "member" (a consumer group
+member). A message is lost when it
 is dropped at random, when its link is cut at send or at delivery, or when its receiver has
 crashed; a paused receiver (SIGSTOP) holds it until it resumes. The messages are the
 inter-broker and controller requests of the real runtime, reduced to their fields.
@@ -142,6 +143,20 @@ class HeartbeatResponse:
     expired: bool
 
 
+@dataclass(frozen=True, slots=True)
+class GroupRequest:
+    """A consumer group member's request to a broker: one of group/messages.py's requests."""
+
+    corr: int
+    request: object
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResponse:
+    corr: int
+    response: object  # the shard's answer (group/messages.py)
+
+
 # -- the network ----------------------------------------------------------------------------
 
 
@@ -167,8 +182,9 @@ class Network:
     reliable_senders: set = field(default_factory=lambda: {"zk"})
     lost_senders: set = field(default_factory=set)  # scripted: every message from these is lost
     # Nodes whose links keep their order, as one TCP connection does (the client's: its
-    # producer counts on a broker answering one connection's requests in order).
-    ordered: set = field(default_factory=lambda: {"client"})
+    # producer counts on a broker answering one connection's requests in order; so does the
+    # group member's).
+    ordered: set = field(default_factory=lambda: {"client", "member"})
     _last_delivery: dict = field(default_factory=dict)  # (src, dst) -> ms, of ordered links
     nodes: dict = field(default_factory=dict)  # name -> node with .receive(src, msg)
     cut_links: set = field(default_factory=set)  # frozenset({a, b})

@@ -35,13 +35,16 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localcluster.broker.group_host import OFFSETS_TOPIC
 from localcluster.controller.assignment import assign_replicas_to_brokers
+from localcluster.group import partition_for
 from localcluster.metadata_types import LeaderAndIsr
 from localcluster.protocol.controller_requests import PartitionState
 from tests.sim import network as m
 from tests.sim.broker import BrokerHost, SimConfig
 from tests.sim.clock import ManualClock, Scheduler
 from tests.sim.controller import SimController, SimZk
+from tests.sim.group_member import GroupMember
 from tests.sim.invariants import (
     InvariantChecker,
     InvariantViolation,
@@ -146,6 +149,7 @@ class Simulator:
         self.faults = 0
         self.faulting = False
         self._seq = 0
+        self._uuids = 0
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -154,6 +158,11 @@ class Simulator:
         self.trace_lines.append(text)
         if self.echo:
             print(text)
+
+    def new_uuid(self) -> str:
+        """The group coordinators' member ids: deterministic, unique across brokers."""
+        self._uuids += 1
+        return f"u{self._uuids}"
 
     def close(self) -> None:
         if self._own_dir:
@@ -502,6 +511,10 @@ class ScenarioRunner:
         lose-unflushed ID T-P OFFSET   a crashed broker loses its records from OFFSET on
         lose-zk-answers on|off         the store's answers are lost (after it applied them)
         show T-P                       each replica's role, epoch, ISR, HW, LEO and records
+        group G join                   a consumer group member (group_member.py) joins G
+        group G commit T-P OFFSET      ... commits an offset (retried until acknowledged)
+        group G fetch                  ... fetches G's committed offsets
+        show-group G                   each broker's shard of G: state, epoch, generation, offsets
     """
 
     def __init__(self, protocol: str):
@@ -512,6 +525,7 @@ class ScenarioRunner:
         self.sim: Simulator | None = None
         self.output: list[str] = []
         self.expected: dict[str, set[str]] = {}
+        self.members: dict[str, GroupMember] = {}
         self._corr = 0
 
     def run(self, script: str) -> list[Violation]:
@@ -659,6 +673,36 @@ class ScenarioRunner:
             role = "leader" if p.is_leader else f"follower of b{p.leader_id}"
             self._trace(f"  b{b}: {role} epoch {p.leader_epoch} isr {sorted(p.isr)} hw "
                         f"{p.high_watermark} leo {p.log_end_offset}: {records}")  # fmt: skip
+
+    def do_group(self, group_id: str, action: str, *args: str) -> None:
+        member = self.members.get(group_id)
+        if member is None:
+            assert not self.members, "one member per scenario (the network node 'member')"
+            member = self.members[group_id] = GroupMember(self.sim, group_id)
+            self.sim.network.attach("member", member)
+        if action == "join":
+            member.join()
+        elif action == "commit":
+            member.commit(_tp(args[0]), int(args[1]))
+        else:
+            assert action == "fetch", action
+            member.fetch()
+
+    def do_show_group(self, group_id: str) -> None:
+        partition = partition_for(group_id, self.sim.config.offsets_partitions)
+        for b, host in sorted(self.sim.hosts.items()):
+            broker = host.incarnation
+            shard = broker.groups.shards.get(partition) if broker else None
+            if shard is None:
+                self._trace(f"  b{b}: {'down' if broker is None else 'not its coordinator'}")
+                continue
+            group = shard.groups.get(group_id)
+            held = ("no group" if group is None else
+                    f"{group.state.value} generation {group.generation_id} offsets " + (" ".join(
+                        f"{t}-{p}@{o.committed_offset}" for (t, p), o in sorted(group.offsets.items()))
+                        or "none"))  # fmt: skip
+            self._trace(f"  b{b}: {OFFSETS_TOPIC}-{partition} {shard.state.value} epoch "
+                        f"{shard.coordinator_epoch}: {held}")  # fmt: skip
 
     def do_check_acked(self) -> None:
         """Every acknowledged record must be in the recorded leader's log (on disk if down)."""

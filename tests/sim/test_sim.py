@@ -102,6 +102,17 @@ def test_known_bug_scenario_keeps_the_invariants(name, protocol):
     assert run.violations == [], "\n".join(run.output)
 
 
+def test_coordinator_failover_keeps_every_acknowledged_commit():
+    run = run_scenario(_path("group_coordinator_failover"), "leader-epoch")
+    assert run.violations == [], "\n".join(run.output)
+    out = "\n".join(run.output)
+    assert "b2 coordinator of __consumer_offsets-1: 1 group(s) loaded" in out  # replayed
+    assert "commit to b1 unanswered" in out  # 12 was in flight when b1 crashed ...
+    assert "commit t-0@12 acknowledged by b2" in out  # ... and retried on the new coordinator
+    assert "fetched g's offsets from b2: t-0@15" in out
+    assert "commit t-0@12 acknowledged by b1" not in out  # never committed on b1
+
+
 # -- the invariant checker has teeth ------------------------------------------------------------
 
 
@@ -129,6 +140,30 @@ def test_the_checker_catches_a_follower_log_cut_behind_its_back():
         assert caught.value.violation.kind == "strong-isr"
     finally:
         sim.close()
+
+
+def test_the_checker_catches_a_commit_answered_before_the_hw_passes_it(monkeypatch):
+    """An injected bug: the group host answers every commit once it is in the leader's log,
+    before the followers have it. The commit of 12, on a leader cut from its followers, is
+    then acknowledged, and lost when a follower takes over."""
+    from localcluster.broker.group_host import GroupHost
+    from localcluster.group import errors
+    from tests.sim.broker import SimGroupHost
+
+    def commit_key(self, wait):
+        self.__dict__.setdefault("premature", []).append(wait)
+        return wait
+
+    def append(self, shard, records):
+        GroupHost._append(self, shard, records)
+        for wait in self.__dict__.pop("premature", []):
+            self.on_commit_answered(wait, errors.NONE)  # the bug: not waiting for the HW
+
+    monkeypatch.setattr(SimGroupHost, "commit_key", commit_key)
+    monkeypatch.setattr(SimGroupHost, "_append", append)
+    run = run_scenario(_path("group_coordinator_failover"), "leader-epoch")
+    assert "commit t-0@12 acknowledged by b1" in "\n".join(run.output)
+    assert "commit-lost" in run.kinds, "\n".join(run.output)
 
 
 def test_a_run_is_a_function_of_its_seed():
