@@ -57,6 +57,12 @@ class GroupMember:
         self.retry_at_ms = 0
         self.corr = 0
         self.active = False
+        self.commits_acknowledged = 0
+
+    @property
+    def busy(self) -> bool:
+        """Commits or fetches not answered yet, or not in the group."""
+        return bool(self.ops) or self.phase != "stable"
 
     def _now(self) -> int:
         return self.sim.clock.now_ms()
@@ -123,7 +129,10 @@ class GroupMember:
         self.corr += 1
         self.inflight = InFlight(self.corr, kind, self.coordinator)
         self.sim.network.send("member", self.coordinator, m.GroupRequest(self.corr, request))
-        self.sim.scheduler.after(self.request_timeout_ms, self._timed_out, self.corr)
+        # a JoinGroup may be parked until the rebalance completes (the Java consumer's join
+        # timeout is the rebalance timeout plus the request timeout's margin)
+        timeout_ms = self.request_timeout_ms + (self.session_timeout_ms if kind == "join" else 0)
+        self.sim.scheduler.after(timeout_ms, self._timed_out, self.corr)
 
     def _timed_out(self, corr: int) -> None:
         if self.inflight is not None and self.inflight.corr == corr:
@@ -199,6 +208,7 @@ class GroupMember:
         _, tp, offset = self.ops.popleft()
         self._trace(f"commit {tp[0]}-{tp[1]}@{offset} acknowledged by b{self.inflight_src}")
         self.sim.checker.on_commit_acked(self.group_id, tp, offset)
+        self.commits_acknowledged += 1
         return errors.NONE
 
     def _on_fetch(self, response: gm.OffsetFetchResponse) -> int:

@@ -18,7 +18,7 @@ Scenario files (scenarios/*.txt) are scripts played by `ScenarioRunner` in both 
 followed by each protocol's golden output.
 
     python -m tests.sim.simulator --seeds 0:500 [--protocol hw-truncation] [--unclean]
-                                  [--lossy-zk] [--no-idempotence] [--trace]
+                                  [--lossy-zk] [--no-idempotence] [--groups] [--trace]
     python -m tests.sim.simulator --scenarios         # check the scenario files
     python -m tests.sim.simulator --update-golden     # rewrite their golden output
 """
@@ -26,6 +26,7 @@ followed by each protocol's golden output.
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import shutil
 import sys
@@ -74,6 +75,7 @@ class SimResult:
     converged_after: int | None = None
     stats: dict = field(default_factory=dict)
     flags: str = ""  # the command-line flags beyond the protocol (--unclean, --lossy-zk)
+    commits_acknowledged: int = 0  # the group member's (--groups)
     known_issues: list = field(default_factory=list)
 
     @property
@@ -113,8 +115,9 @@ class Simulator:
                  directory: Path | None = None, deterministic_network: bool = False,
                  echo: bool = False, lossy_zk: bool = False,
                  rng: random.Random | None = None, retries: bool = False,
-                 idempotent: bool = False):  # fmt: skip
+                 idempotent: bool = False, groups: bool = False):  # fmt: skip
         self.seed = seed
+        self.groups = groups  # a group member commits offsets during the run
         self.rng = rng or random.Random(seed)
         self.config = config or SimConfig()
         self.config.replication_protocol = protocol
@@ -150,6 +153,8 @@ class Simulator:
         self.faulting = False
         self._seq = 0
         self._uuids = 0
+        self.member: GroupMember | None = None
+        self._commit_seq = 0
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -221,6 +226,31 @@ class Simulator:
         self.trace(f"topic {TOPIC}: {dict(sorted(assignment.items()))}, min.insync.replicas "
                    f"{self.config.min_insync_replicas}")  # fmt: skip
 
+    def start_group_member(self) -> None:
+        """The offsets topic (RF 3 at most) and a member of group g committing t-0 offsets."""
+        brokers = sorted(self.hosts)
+        partitions = self.config.offsets_partitions
+        assignment = assign_replicas_to_brokers(brokers, partitions, min(3, len(brokers)),
+                                                fixed_start_index=self.rng.randrange(len(brokers)))  # fmt: skip
+        self.zk.create_topic(OFFSETS_TOPIC, assignment)
+        self.trace(f"topic {OFFSETS_TOPIC}: {dict(sorted(assignment.items()))}")
+        self.member = GroupMember(self, "g")
+        self.network.attach("member", self.member)
+        self.member.join()
+        self._schedule_commit()
+
+    def _schedule_commit(self) -> None:
+        if not self.faulting:
+            return
+        member = self.member
+        if len(member.ops) < 3:  # a consumer commits as it goes, not faster than answers come
+            if self.rng.random() < 0.2:
+                member.fetch()
+            else:
+                self._commit_seq += 1
+                member.commit((TOPIC, 0), self._commit_seq)
+        self.scheduler.after(self.rng.randint(10, 60), self._schedule_commit)
+
     # -- the random run ----------------------------------------------------------------------------
 
     def run(self, safety_ms: int = 3000, heal_steps: int = 30_000) -> SimResult:
@@ -235,6 +265,8 @@ class Simulator:
             self.faulting = True
             self._schedule_produce()
             self._schedule_fault()
+            if self.groups:
+                self.start_group_member()
             self.run_until(safety_ms)
             self.faulting = False
             self.heal()
@@ -249,7 +281,8 @@ class Simulator:
         return SimResult(self.seed, self.protocol, self.steps, self.clock.now_ms(), violation,
                          self.trace_lines, sum(len(a) for a in self.acked.values()),
                          self.client.produced, self.faults, converged_after,
-                         vars(self.network.stats).copy())  # fmt: skip
+                         vars(self.network.stats).copy(),
+                         commits_acknowledged=self.member.commits_acknowledged if self.member else 0)  # fmt: skip
 
     def _tps(self):
         return [(TOPIC, p) for p in range(self.partitions)]
@@ -388,7 +421,7 @@ class Simulator:
             self.start_controller()
 
     def converged(self) -> bool:
-        if self.client.busy:
+        if self.client.busy or (self.member is not None and self.member.busy):
             return False
         for tp in self._tps():
             found = self.zk.states.get(tp)
@@ -806,27 +839,31 @@ TOLERATED = {"hw-backwards-after-restart", "acked-duplicated-after-epoch-bump"}
 
 
 def simulator_for_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
-                       unclean: bool = False, idempotent: bool = True) -> Simulator:  # fmt: skip
+                       unclean: bool = False, idempotent: bool = True,
+                       groups: bool = False) -> Simulator:  # fmt: skip
     """The cluster's shape comes from the seed too. The producer retries; it is idempotent
-    unless told (then a retry may write a batch twice: the acked-duplicated invariant)."""
+    unless told (then a retry may write a batch twice: the acked-duplicated invariant). With
+    `groups`, a group member commits offsets too (the commit-lost/backwards invariants)."""
     rng = random.Random(seed)
     brokers, partitions, rf, min_isr = rng.choice(SHAPES)
     retention_bytes = rng.choice([-1, 2048])  # with 1 KiB segments: about two kept
     config = SimConfig(min_insync_replicas=min_isr, unclean_leader_election_enable=unclean,
                        retention_bytes=retention_bytes)  # fmt: skip
     sim = Simulator(seed, protocol, tuple(range(1, brokers + 1)), partitions, rf, config,
-                    lossy_zk=lossy_zk, rng=rng, retries=True, idempotent=idempotent)  # fmt: skip
+                    lossy_zk=lossy_zk, rng=rng, retries=True, idempotent=idempotent,
+                    groups=groups)  # fmt: skip
     sim.checker.tolerated = set(TOLERATED)
     return sim
 
 
 def run_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool = False,
-             unclean: bool = False, idempotent: bool = True, **kwargs) -> SimResult:  # fmt: skip
-    sim = simulator_for_seed(seed, protocol, lossy_zk, unclean, idempotent)
+             unclean: bool = False, idempotent: bool = True, groups: bool = False,
+             **kwargs) -> SimResult:  # fmt: skip
+    sim = simulator_for_seed(seed, protocol, lossy_zk, unclean, idempotent, groups)
     try:
         result = sim.run(**kwargs)
         result.flags = (" --unclean" * unclean + " --lossy-zk" * lossy_zk
-                        + " --no-idempotence" * (not idempotent))  # fmt: skip
+                        + " --no-idempotence" * (not idempotent) + " --groups" * groups)  # fmt: skip
         result.known_issues = list(sim.checker.tolerated_seen)
         return result
     finally:
@@ -848,9 +885,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-idempotence", action="store_true",
                         help="the producer retries without idempotence (duplicates)")  # fmt: skip
+    parser.add_argument("--groups", action="store_true",
+                        help="a consumer group member commits offsets during the run")  # fmt: skip
     parser.add_argument("--update-golden", action="store_true", help="rewrite the scenario files")
     parser.add_argument("--scenarios", action="store_true", help="run the scenario files")
     args = parser.parse_args(argv)
+    logging.getLogger("localcluster").setLevel(logging.ERROR)  # the cores' warnings: expected here
     if args.update_golden or args.scenarios:
         return check_all(update=args.update_golden)
     if ":" in args.seeds:
@@ -862,7 +902,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     for seed in seeds:
         result = run_seed(seed, args.protocol, lossy_zk=args.lossy_zk, unclean=args.unclean,
-                          idempotent=not args.no_idempotence)  # fmt: skip
+                          idempotent=not args.no_idempotence, groups=args.groups)  # fmt: skip
         for issue in result.known_issues[:1]:
             known += 1
             print(f"seed {seed}: known issue {issue}")

@@ -27,6 +27,8 @@ SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 HW_SEEDS = 20
 UNCLEAN_SEEDS = 30
 PLAIN_PRODUCER_SEEDS = 10
+GROUP_SEEDS = 20
+EARLY_COMMIT_SEEDS = 10
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
 KIP_SCENARIOS = [
     "kip101_scenario1",
@@ -146,6 +148,14 @@ def test_the_checker_catches_a_commit_answered_before_the_hw_passes_it(monkeypat
     """An injected bug: the group host answers every commit once it is in the leader's log,
     before the followers have it. The commit of 12, on a leader cut from its followers, is
     then acknowledged, and lost when a follower takes over."""
+    _answer_commits_at_once(monkeypatch)
+    run = run_scenario(_path("group_coordinator_failover"), "leader-epoch")
+    assert "commit t-0@12 acknowledged by b1" in "\n".join(run.output)
+    assert run.kinds == {"commit-backwards"}, "\n".join(run.output)  # b2 holds 9, not 12
+
+
+def _answer_commits_at_once(monkeypatch) -> None:
+    """The injected bug: commits answered once in the leader's log, not once the HW passes."""
     from localcluster.broker.group_host import GroupHost
     from localcluster.group import errors
     from tests.sim.broker import SimGroupHost
@@ -157,13 +167,10 @@ def test_the_checker_catches_a_commit_answered_before_the_hw_passes_it(monkeypat
     def append(self, shard, records):
         GroupHost._append(self, shard, records)
         for wait in self.__dict__.pop("premature", []):
-            self.on_commit_answered(wait, errors.NONE)  # the bug: not waiting for the HW
+            self.on_commit_answered(wait, errors.NONE)  # not waiting for the HW
 
     monkeypatch.setattr(SimGroupHost, "commit_key", commit_key)
     monkeypatch.setattr(SimGroupHost, "_append", append)
-    run = run_scenario(_path("group_coordinator_failover"), "leader-epoch")
-    assert "commit t-0@12 acknowledged by b1" in "\n".join(run.output)
-    assert run.kinds == {"commit-backwards"}, "\n".join(run.output)  # b2 holds 9, not 12
 
 
 def test_a_run_is_a_function_of_its_seed():
@@ -221,6 +228,38 @@ def test_random_sweep_with_a_plain_retrying_producer_duplicates_acknowledged_rec
     kinds = [kind for _, ok, kind, _, _ in results if not ok]
     assert "acked-duplicated" in kinds, f"no seed of {PLAIN_PRODUCER_SEEDS} duplicated a record"
     assert set(kinds) == {"acked-duplicated"}, kinds
+
+
+def _run_with_groups(seed):
+    result = run_seed(seed, "leader-epoch", groups=True)
+    return (
+        seed,
+        result.ok,
+        None if result.ok else result.report(tail=60),
+        result.commits_acknowledged,
+    )
+
+
+def test_random_sweep_with_a_group_member_keeps_every_acknowledged_commit():
+    """A member commits during the faults; coordinators fail over (crashes, elections) and
+    load the group from their replica of the offsets partition."""
+    workers = min(2, os.cpu_count() or 1)
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        results = list(pool.imap(_run_with_groups, range(GROUP_SEEDS), chunksize=4))
+    failed = [(seed, report) for seed, ok, report, _ in results if not ok]
+    assert not failed, (f"{len(failed)} of {GROUP_SEEDS} seeds failed: {[s for s, _ in failed]}\n"
+                        + "\n\n".join(report for _, report in failed[:3]))  # fmt: skip
+    assert sum(commits for *_, commits in results) > 20 * GROUP_SEEDS  # the member did commit
+
+
+def test_random_sweep_with_commits_answered_before_the_hw_loses_them(monkeypatch):
+    _answer_commits_at_once(monkeypatch)
+    kinds = []
+    for seed in range(EARLY_COMMIT_SEEDS):
+        result = run_seed(seed, "leader-epoch", groups=True)
+        kinds.append(result.violation.kind if result.violation else None)
+    assert "commit-backwards" in kinds, kinds
+    assert set(kinds) <= {None, "commit-lost", "commit-backwards"}, kinds
 
 
 # -- the network and the clock ------------------------------------------------------------------
