@@ -82,17 +82,7 @@ class GroupApis:
         }
 
     def _shard(self, group_id: str) -> GroupCoordinatorShard:
-        """The shard owning `group_id` here, or a stand-in that answers by the same rules:
-        NOT_COORDINATOR (or INVALID_GROUP_ID), COORDINATOR_LOAD_IN_PROGRESS while this broker
-        leads offsets partitions it has not counted yet."""
-        shard = self.coordinator.shard_for(group_id)
-        if shard is not None:
-            return shard
-        n = self.coordinator.num_partitions or 1
-        placeholder = GroupCoordinatorShard(partition_for(group_id, n), n)
-        if self.coordinator.loading_before_count:
-            placeholder.begin_loading()  # answers COORDINATOR_LOAD_IN_PROGRESS
-        return placeholder
+        return self.coordinator.serving_shard(group_id)
 
     async def _ask(self, group_id: str, request):
         return await self.coordinator.handle(self._shard(group_id), request)

@@ -179,19 +179,6 @@ class ReplicaManager(ReplicaHost):
                 self.metrics.record_produce(info.valid_bytes, info.records_count, latency_us)
         return responses
 
-    def append_to_internal_topic(self, tp: TopicPartition, records, timeout_ms: int
-                                 ) -> tuple[ProducePartitionResponse, asyncio.Future | None]:  # fmt: skip
-        """The group coordinator's acks=all append, done before this returns (so appends keep
-        their order): the response (an error, or the base offset) and the future that the
-        commit is answered on (its result an error code), None when already committed."""
-        future = asyncio.get_running_loop().create_future()
-        result = self.append_to_leader(tp, records, -1, timeout_ms, lambda _, f=future: f)
-        response = ProducePartitionResponse(tp[1], result.error, result.first_offset, -1,
-                                            result.log_start_offset, error_message=result.message)  # fmt: skip
-        return response, (future if result.waiting else None)
-
-    # -- ISR ----------------------------------------------------------------------------------
-
     def maybe_shrink_isr(self) -> None:
         self.execute(self.core.maybe_shrink_isr(self.now_ms()))
 

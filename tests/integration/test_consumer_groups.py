@@ -229,16 +229,37 @@ def test_a_client_cannot_write_the_offsets_topic(cluster):
 # -- the coordinator dies ---------------------------------------------------------------------
 
 
+COORDINATOR_MOVING = {confluent_kafka.KafkaError.NOT_COORDINATOR,
+                      confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                      confluent_kafka.KafkaError.COORDINATOR_NOT_AVAILABLE}  # fmt: skip
+
+
 def coordinator_of(brokers, group: str) -> int:
     admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
-    return admin.describe_consumer_groups([group])[group].result(20).coordinator.id
+    return wait_until(lambda: _unless_moving(
+        lambda: admin.describe_consumer_groups([group])[group].result(20).coordinator.id),
+        timeout_s=40, message=f"the coordinator of {group}")  # fmt: skip
 
 
-def committed_offsets(brokers, group: str) -> dict[tuple[str, int], int]:
+def committed_offsets(brokers, group: str) -> dict[tuple[str, int], int] | None:
+    """The group's committed offsets, None while its coordinator moves (ask again)."""
     admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
-    found = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
-    return {(tp.topic, tp.partition): tp.offset for tp in found[group].result(20).topic_partitions
-            if tp.error is None}  # fmt: skip
+
+    def ask():
+        found = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+        return {(tp.topic, tp.partition): tp.offset
+                for tp in found[group].result(20).topic_partitions if tp.error is None}  # fmt: skip
+
+    return _unless_moving(ask)
+
+
+def _unless_moving(ask):
+    try:
+        return ask()
+    except confluent_kafka.KafkaException as e:
+        if e.args[0].code() not in COORDINATOR_MOVING:
+            raise
+        return None
 
 
 def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(brokers):
@@ -255,7 +276,7 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
                                        for r in rs) or len(seen) >= 400,
                    timeout_s=40, message="the group should consume")  # fmt: skip
         consumer.commit()
-        before = committed_offsets(started, group)
+        before = wait_until(lambda: committed_offsets(started, group), timeout_s=40)
         assert sum(before.values()) == len(seen)
         victim = next(b for b in started if b.broker_id == coordinator_of(started, group))
         victim.kill()
@@ -268,7 +289,8 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
                    timeout_s=60, message="the member should go on consuming")  # fmt: skip
         consumer.commit()
         assert sorted(seen) == sorted(f"p{i}" for i in range(total)), "a record lost or twice"
-        assert sum(committed_offsets(alive, group).values()) == total
+        final = wait_until(lambda: committed_offsets(alive, group), timeout_s=40)
+        assert sum(final.values()) == total
         assert coordinator_of(alive, group) != victim.broker_id
     finally:
         consumer.close(autocommit=False)
@@ -301,11 +323,6 @@ consumer.subscribe([sys.argv[3]])
 while True:
     consumer.poll(0.2)
 """
-
-
-COORDINATOR_MOVING = {confluent_kafka.KafkaError.NOT_COORDINATOR,
-                      confluent_kafka.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                      confluent_kafka.KafkaError.COORDINATOR_NOT_AVAILABLE}  # fmt: skip
 
 
 def described_assignments(brokers, group: str) -> dict[str, set[int]]:
