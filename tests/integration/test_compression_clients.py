@@ -41,11 +41,20 @@ def values(client: str, codec: str) -> list[str]:
 
 
 def create(cli, topic: str) -> None:
-    cli.json("topic", "create", topic, "-p", "1", "-r", "3")
+    from localcluster.client import Admin
+
+    with Admin(cluster_dir=cli.cluster_dir) as admin:  # in-process: a CLI run costs seconds
+        admin.create_topic(topic, 1, 3)
+        admin.wait_for_leaders(topic)
+
+
+_BOOTSTRAP: dict = {}
 
 
 def bootstrap(cli) -> str:
-    return cli.status()["bootstrap_servers"]
+    if cli.cluster_dir not in _BOOTSTRAP:  # the ports are stable for the module's cluster
+        _BOOTSTRAP[cli.cluster_dir] = cli.status()["bootstrap_servers"]
+    return _BOOTSTRAP[cli.cluster_dir]
 
 
 def produce_confluent(cli, topic: str, codec: str, lines: list[str]) -> None:

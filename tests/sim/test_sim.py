@@ -23,11 +23,11 @@ from tests.sim.simulator import (
     run_seed,
 )
 
-SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
+SEEDS = int(os.environ.get("SIM_SEEDS", "120"))  # `make sim SEEDS=4000` for the long sweep
 HW_SEEDS = 20
 UNCLEAN_SEEDS = 30
 PLAIN_PRODUCER_SEEDS = 10
-GROUP_SEEDS = 20
+GROUP_SEEDS = 8
 EARLY_COMMIT_SEEDS = 10
 UPDATE_GOLDEN = os.environ.get("SIM_UPDATE_GOLDEN") == "1"
 KIP_SCENARIOS = [
