@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The group coordinator's internal topic (Kafka's name); every layer may need to name it.
+OFFSETS_TOPIC = "__consumer_offsets"
+
 TopicPartition = tuple[str, int]
 
 NO_LEADER = -1  # the leader of a partition no replica may lead

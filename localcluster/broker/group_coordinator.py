@@ -17,14 +17,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from localcluster.broker import metadata
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost
 from localcluster.group import GroupConfig
 
 log = logging.getLogger(__name__)
 
-assert OFFSETS_TOPIC == metadata.OFFSETS_TOPIC
 __all__ = ["OFFSETS_TOPIC", "GroupCoordinator", "group_config"]
 
 

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from localcluster.broker.replica_host import ReplicaHost
 from localcluster.group import GroupConfig, GroupCoordinatorShard, Result, partition_for
 from localcluster.group.coordinator import Append
+from localcluster.metadata_types import OFFSETS_TOPIC
 from localcluster.replication import errors
 from localcluster.storage import OffsetOutOfRangeError
 from localcluster.storage import record_batch as rb
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"  # broker/metadata.py's name, without its imports
 LOAD_CHUNK_BYTES = 1 << 20  # one read of the log while loading; the runtime yields between reads
 
 

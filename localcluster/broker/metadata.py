@@ -29,10 +29,10 @@ from localcluster.controller.assignment import (
 from localcluster.coord import CoordinationClient, NodeExistsError, NoNodeError, paths
 from localcluster.coord.kafka_zk import KafkaZkClient
 from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr
+from localcluster.metadata_types import OFFSETS_TOPIC
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"  # the group coordinator's internal topic
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localcluster import cluster
+from localcluster.metadata_types import OFFSETS_TOPIC
 from localcluster.tools import chaos_check, chaos_consumer
 from localcluster.tools.perf import ClusterWatch
 from localcluster.waiting import wait_until
@@ -57,7 +58,6 @@ TICK_S = 0.01
 MONITOR_EVERY_S = 0.1
 ACK_GAP_MS = 1000  # a partition with no acknowledgement for longer is reported unavailable
 GROUP_FORM_TIMEOUT_S = 60.0  # for the consumer group's first assignment (makes __consumer_offsets)
-OFFSETS_TOPIC = "__consumer_offsets"
 
 
 # -- the schedule -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-OFFSETS_TOPIC = "__consumer_offsets"  # the brokers' (broker/metadata.py); faces import no runtime
+from localcluster.metadata_types import OFFSETS_TOPIC
 
 _consoles: dict[bool, Console] = {}
 # Without a terminal (a pipe, a log file) tables render at their natural width and lines are

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from localcluster.group import describe_record
+from localcluster.metadata_types import OFFSETS_TOPIC
 from localcluster.storage import record_batch as rb
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
@@ -36,7 +37,7 @@ def dump(directory: Path, show_records: bool = False, limit: int = 50) -> int:
         console.print(f"[red]{e}[/red]")
     status = 0
     # __consumer_offsets holds the group coordinator's records: show them as Kafka's tool does
-    show = _show_group_record if directory.name.startswith("__consumer_offsets-") else _show
+    show = _show_group_record if directory.name.startswith(f"{OFFSETS_TOPIC}-") else _show
     for path in segments:
         status |= _dump_segment(console, path, show_records, limit, show)
     return status
