@@ -81,6 +81,13 @@ class AdminApis:
         return messages.encode_response(header.api_key, header.api_version,
                                         {"throttle_time": 0, **data})  # fmt: skip
 
+    async def _assignment(self, name: str):
+        """The topic's assignment from the store; None when it does not exist (an illegal name
+        is never looked up: it is no znode path)."""
+        if not legal_topic(name):
+            return None
+        return await asyncio.to_thread(self.metadata.zk.assignment, name)
+
     # -- DeleteTopics --------------------------------------------------------------------------
 
     async def handle_delete_topics(self, header, reader, context) -> bytes:
@@ -106,7 +113,7 @@ class AdminApis:
                           f"{OFFSETS_TOPIC} is internal: deleting it would drop every "
                           "group's committed offsets")  # fmt: skip
         zk = self.metadata.zk
-        if not legal_topic(name) or await asyncio.to_thread(zk.assignment, name) is None:
+        if await self._assignment(name) is None:
             return result(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
         await asyncio.to_thread(zk.request_topic_deletion, name)
         while await asyncio.to_thread(zk.assignment, name) is not None:
@@ -135,7 +142,7 @@ class AdminApis:
         if name == OFFSETS_TOPIC:
             return ErrorCode.invalid_request, (f"{OFFSETS_TOPIC} keeps its partition count: groups "
                                                "map onto it, more would move them")  # fmt: skip
-        assignment = await asyncio.to_thread(zk.assignment, name) if legal_topic(name) else None
+        assignment = await self._assignment(name)
         if assignment is None:
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
         current = len(assignment.partitions)
@@ -270,7 +277,7 @@ class AdminApis:
 
     async def _describe_topic(self, name: str, keys, synonyms: bool, documentation: bool) -> dict:
         zk = self.metadata.zk
-        if not legal_topic(name) or await asyncio.to_thread(zk.assignment, name) is None:
+        if await self._assignment(name) is None:
             return {"error_code": ErrorCode.unknown_topic_or_partition,
                     "error_message": f"topic {name!r} does not exist", "configs": []}  # fmt: skip
         overrides = await asyncio.to_thread(zk.topic_config, name)
@@ -342,7 +349,7 @@ class AdminApis:
             return ErrorCode.invalid_request, ("only topic configs change here (resource type 2); "
                                                "broker properties are static")  # fmt: skip
         name, zk = resource.resource_name, self.metadata.zk
-        assignment = await asyncio.to_thread(zk.assignment, name) if legal_topic(name) else None
+        assignment = await self._assignment(name)
         if assignment is None:
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
         current = await asyncio.to_thread(zk.topic_config, name)
