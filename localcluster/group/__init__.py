@@ -6,24 +6,28 @@ records.py holds Kafka's record layouts and `partition_for`; messages.py the req
 responses; metadata.py the group state machine; membership.py, rebalance.py and offsets.py the rules.
 """
 
-from localcluster.group.coordinator import (
-    Append,
-    GroupConfig,
-    GroupCoordinatorShard,
-    Reply,
-    Result,
-    ShardState,
-)
-from localcluster.group.records import describe_record, java_string_hash, partition_for
+import importlib
 
-__all__ = [
-    "Append",
-    "GroupConfig",
-    "GroupCoordinatorShard",
-    "Reply",
-    "Result",
-    "ShardState",
-    "describe_record",
-    "java_string_hash",
-    "partition_for",
-]
+# Where each name lives. Imported on first use (PEP 562), so that a light user such as the
+# client, which needs one module, does not load the rest.
+_EXPORTS = {
+    "Append": "localcluster.group.coordinator",
+    "GroupConfig": "localcluster.group.coordinator",
+    "GroupCoordinatorShard": "localcluster.group.coordinator",
+    "Reply": "localcluster.group.coordinator",
+    "Result": "localcluster.group.coordinator",
+    "ShardState": "localcluster.group.coordinator",
+    "describe_record": "localcluster.group.records",
+    "java_string_hash": "localcluster.group.records",
+    "partition_for": "localcluster.group.records",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
