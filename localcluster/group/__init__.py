@@ -6,10 +6,9 @@ records.py holds Kafka's record layouts and `partition_for`; messages.py the req
 responses; metadata.py the group state machine; membership.py, rebalance.py and offsets.py the rules.
 """
 
-import importlib
+from localcluster.lazy_exports import lazy_getattr
 
-# Where each name lives. Imported on first use (PEP 562), so that a light user such as the
-# client, which needs one module, does not load the rest.
+# Where each name lives; each is imported on first use (lazy_exports.py says why).
 _EXPORTS = {
     "Append": "localcluster.group.coordinator",
     "GroupConfig": "localcluster.group.coordinator",
@@ -23,11 +22,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(globals(), _EXPORTS)
