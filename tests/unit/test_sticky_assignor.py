@@ -77,7 +77,10 @@ def rebalance_rounds(counts, topics_of: dict[str, tuple[str, ...]], owned, gener
 @settings(max_examples=150, deadline=None)
 @given(counts_strategy, subscriptions_strategy)
 def test_every_partition_once_and_balanced(counts, subscriptions):
-    group = [MemberSubscription(m, s) for m, s in zip(member_ids(len(subscriptions)), subscriptions)]
+    group = [
+        MemberSubscription(m, s)
+        for m, s in zip(member_ids(len(subscriptions)), subscriptions, strict=True)
+    ]
     check_valid_and_balanced(counts, group, sticky_assign(counts, group))
 
 
@@ -85,13 +88,13 @@ def test_every_partition_once_and_balanced(counts, subscriptions):
 @given(counts_strategy, subscriptions_strategy, st.data())
 def test_cooperative_settles_valid_balanced_and_never_owned_twice(counts, subscriptions, data):
     ids = member_ids(len(subscriptions))
-    topics_of = dict(zip(ids, subscriptions))
+    topics_of = dict(zip(ids, subscriptions, strict=True))
     # arbitrary (even unbalanced) owned partitions to start from, each with one owner
     all_tps = sorted({tp for s in subscriptions for tp in subscribers(counts, s)})
     owners = data.draw(st.lists(st.sampled_from([None, *ids]), min_size=len(all_tps),
                                 max_size=len(all_tps)))  # fmt: skip
     start: dict[str, set] = {m: set() for m in ids}
-    for tp, owner in zip(all_tps, owners):
+    for tp, owner in zip(all_tps, owners, strict=True):
         if owner is not None and tp[0] in topics_of[owner]:
             start[owner].add(tp)
     owned, _, generation = rebalance_rounds(counts, topics_of, start, 5)
