@@ -3,7 +3,8 @@ partition.assignment.strategy=cooperative-sticky, alone and in one group with co
 consumers configured the same way (each client leading once). A member joins and leaves while
 records keep arriving: the members keep consuming the partitions that do not move (records
 arrive in polls made during the rebalance), no partition is ever owned by two members, and
-every record is consumed.
+every record is consumed. `localcluster consume --group G --assignor cooperative-sticky` joins
+with that protocol.
 
 One broker (`localcluster up -n 1`; three offsets partitions to keep the start quick);
 session.timeout.ms 3000, heartbeat.interval.ms 300 (group.min.session.timeout.ms 1000).
@@ -12,6 +13,11 @@ session.timeout.ms 3000, heartbeat.interval.ms 300 (group.min.session.timeout.ms
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,14 +35,19 @@ OURS = {"auto.offset.reset": "earliest", "session.timeout.ms": SESSION_TIMEOUT_M
 
 
 @pytest.fixture(scope="module")
-def bootstrap(tmp_path_factory):
-    cli = Cli(tmp_path_factory.mktemp("cooperative") / "cluster")
+def cli(tmp_path_factory):
+    c = Cli(tmp_path_factory.mktemp("cooperative") / "cluster")
     try:
-        cli.run("up", "-n", "1", "--detach", "--set", "group.min.session.timeout.ms=1000",
-                "--set", "offsets.topic.num.partitions=3", check=True)  # fmt: skip
-        yield cli.status()["bootstrap_servers"]
+        c.run("up", "-n", "1", "--detach", "--set", "group.min.session.timeout.ms=1000",
+              "--set", "offsets.topic.num.partitions=3", check=True)  # fmt: skip
+        yield c
     finally:
-        cli.teardown()
+        c.teardown()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(cli) -> str:
+    return cli.status()["bootstrap_servers"]
 
 
 def create_topic(bootstrap: str, name: str) -> None:
@@ -211,3 +222,25 @@ def test_a_group_with_confluent_kafka_on_cooperative_sticky(bootstrap, leader):
     assert {v for m in (ours, theirs) for v in m.read} >= set(run.sent)
     if leader == "ours":
         assert ours.read_rebalancing > 0
+
+
+def test_consume_group_assignor_option(cli, bootstrap):
+    create_topic(bootstrap, "coop-cli")
+    assert "need --group" in cli.run("consume", "coop-cli", "--assignor", "range").stderr
+    command = [sys.executable, "-m", "localcluster", "consume", "coop-cli", "--group", "coop-cli",
+               "--assignor", "cooperative-sticky", "--dir", str(cli.cluster_dir)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    member = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=env, start_new_session=True)  # fmt: skip
+    try:
+        with Admin(bootstrap_servers=bootstrap) as admin:
+
+            def stable():
+                described = admin.describe_group("coop-cli")
+                return described if described.state == "Stable" else None
+
+            described = wait_until(stable, 30, 0.05, "the CLI member stable")
+        assert described.protocol == "cooperative-sticky" and len(described.members) == 1
+    finally:
+        os.killpg(member.pid, signal.SIGKILL)
+        member.wait(10)
