@@ -402,6 +402,32 @@ def section_groups(docs: dict) -> list[str]:
     return out
 
 
+def section_scaling(docs: dict, directory: Path) -> list[str]:
+    """bench.scaling: the curves against partitions and brokers, up and controller failover."""
+    sc = docs.get("scaling")
+    if not sc or "config" not in sc:
+        return ["_bench.scaling did not run._", ""]
+    out = ["![scaling](scaling.png)\n"] if (directory / "scaling.png").exists() else []
+    produce = sc.get("partitions", []) + sc.get("brokers", [])
+    if produce:
+        out.append(table(["partitions", "brokers", "records/s", "p50 ms", "p99 ms", "p99.9 ms", "errors"],
+                         [[c["partitions"], c["brokers"], num(c["records_per_s"]), ms(c["latency_ms"]["p50"]),
+                           ms(c["latency_ms"]["p99"]), ms(c["latency_ms"]["p99.9"]), c["errors"]] for c in produce]))  # fmt: skip
+        out.append(f"\nacks=all, RF 3, 100-byte records from our client (2 load processes); the broker rows have a "
+                   f"fixed {sc['config']['broker_curve_partitions']} partitions.\n")  # fmt: skip
+    controller = sc.get("controller", [])
+    if controller:
+        out.append(table(["partitions", "brokers", "create s", "up s", "kills", "failover p50 ms", "failover p99 ms"],
+                         [[num(c["partitions"]), c["brokers"], num(c["create_s"], 2), num(c["up_s"], 2), len(c["kills"]),
+                           num(_s_to_ms(c["failover_p50_s"])), num(_s_to_ms(c["failover_p99_s"]))]
+                          for c in controller]))  # fmt: skip
+        out.append("\nup: every broker killed -9 and started again at once, until a Metadata response shows every "
+                   "partition with a live leader and a full ISR. Controller failover: from the SIGKILL of the "
+                   "controller's broker until a survivor's Metadata names a live leader for every partition the "
+                   "dead broker led.\n")  # fmt: skip
+    return out
+
+
 def _s_to_ms(seconds):
     return None if seconds is None else seconds * 1000
 
@@ -530,6 +556,9 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
 
     md.append("## Consumer groups (bench.groups)\n")
     md += section_groups(docs)
+
+    md.append("## Scaling: partitions, brokers, controller (bench.scaling)\n")
+    md += section_scaling(docs, directory)
 
     md.append("## Peers\n")
     peers = peers_of(docs)

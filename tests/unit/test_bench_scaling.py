@@ -1,0 +1,69 @@
+"""bench.scaling's pure parts: py-spy profile summaries, percentiles over few kills, readiness
+of a Metadata view and the goals. No cluster (its smallest run takes ~25 s, too long here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.scaling import FULL, QUICK, percentile, ready, scaling_goals, top_functions
+
+ENTRY = "_run_module_as_main (<frozen runpy>:198);<module> (localcluster/broker/__main__.py:99)"
+
+
+def test_top_functions_counts_leaves_and_the_packages_own_frames():
+    collapsed = "\n".join([
+        f"{ENTRY};elect (localcluster/controller/x.py:10);encode (localcluster/coord/y.py:5) 6",
+        f"{ENTRY};elect (localcluster/controller/x.py:12) 3",
+        "thread (0x1);Thread.run (threading.py:1) 1",
+        "garbage line",
+    ])  # fmt: skip
+    summary = top_functions(collapsed)
+    assert summary["samples"] == 10
+    assert summary["self"] == [("encode (coord/y.py)", 0.6), ("elect (controller/x.py)", 0.3),
+                               ("Thread.run (threading.py)", 0.1)]  # fmt: skip
+    # the entry point holds every sample and is left out; line numbers merge
+    assert summary["inclusive"] == [("elect (controller/x.py)", 0.9), ("encode (coord/y.py)", 0.6)]
+    assert top_functions("") == {"samples": 0, "self": [], "inclusive": []}
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([3.0, 1.0, 2.0], 99) == 3.0
+    assert percentile([5.0], 99) == 5.0
+
+
+def test_ready_needs_every_partition_led_by_a_live_broker_with_a_full_isr():
+    view = {0: (1, 3), 1: (2, 3)}
+    assert ready(view, 2, {1, 2}, full_isr=True)
+    assert not ready(view, 3, {1, 2}, full_isr=True)  # a partition missing from the metadata
+    assert not ready(view, 2, {1}, full_isr=True)  # led by a dead broker
+    assert not ready({0: (1, 2), 1: (2, 3)}, 2, {1, 2}, full_isr=True)
+    assert ready({0: (1, 2), 1: (2, 3)}, 2, {1, 2}, full_isr=False)
+    assert not ready(None, 2, {1, 2}, full_isr=False)
+
+
+def cell(partitions: int, records_per_s: float) -> dict:
+    return {"partitions": partitions, "records_per_s": records_per_s}
+
+
+@pytest.mark.parametrize(("at_600", "met"), [(150.0, True), (149.0, False)])
+def test_the_partition_goal_compares_600_with_6(at_600, met):
+    goals = scaling_goals({"partitions": [cell(6, 300.0), cell(600, at_600)], "controller": []})
+    assert [g["met"] for g in goals] == [met]
+
+
+def test_the_failover_goal_is_missed_below_10000_partitions_whatever_the_figure():
+    small = {"partitions": 1000, "failover_p99_s": 0.1, "kills": [{}]}
+    big = {"partitions": 10000, "failover_p99_s": 1.5, "kills": [{}, {}]}
+    (only_small,) = scaling_goals({"partitions": [], "controller": [small]})
+    assert not only_small["met"] and "1,000" in only_small["note"]
+    (with_big,) = scaling_goals({"partitions": [], "controller": [small, big]})
+    assert with_big["met"] and "note" not in with_big
+
+
+def test_the_full_run_has_the_issues_sizes():
+    assert FULL.partitions == (1, 6, 60, 600, 3000)
+    assert FULL.brokers == (3, 5, 9)
+    assert FULL.controller_partitions == (100, 1000, 10000)
+    assert set(QUICK.partitions) <= set(FULL.partitions)
