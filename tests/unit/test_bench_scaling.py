@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scaling import FULL, QUICK, percentile, ready, scaling_goals, top_functions
+from bench.scaling import (
+    EVENT_LOOP_LABEL,
+    FULL,
+    QUICK,
+    percentile,
+    ready,
+    scaling_goals,
+    top_functions,
+)
 
 ENTRY = "_run_module_as_main (<frozen runpy>:198);<module> (localcluster/broker/__main__.py:99)"
 
@@ -24,6 +32,13 @@ def test_top_functions_counts_leaves_and_the_packages_own_frames():
     # the entry point holds every sample and is left out; line numbers merge
     assert summary["inclusive"] == [("elect (controller/x.py)", 0.9), ("encode (coord/y.py)", 0.6)]
     assert top_functions("") == {"samples": 0, "self": [], "inclusive": []}
+
+
+def test_the_event_loop_frame_is_named_as_uvloop_waiting():
+    summary = top_functions(
+        f"{ENTRY};main (localcluster/broker/__main__.py:83);Runner.run (asyncio/runners.py:118) 4"
+    )
+    assert summary["self"] == [(EVENT_LOOP_LABEL, 1.0)]
 
 
 def test_percentile_is_nearest_rank():
