@@ -9,6 +9,7 @@ from bench.scaling import (
     EVENT_LOOP_LABEL,
     FULL,
     QUICK,
+    descriptors_needed,
     percentile,
     ready,
     scaling_goals,
@@ -81,9 +82,9 @@ def test_the_full_run_has_the_issues_sizes():
     assert FULL.partitions == (1, 6, 60, 600, 3000)
     assert FULL.brokers == (3, 5, 9)
     assert {100, 1000, 10000} <= set(FULL.controller_partitions)
+    assert set(QUICK.partitions) <= set(FULL.partitions)
 
 
 def test_partition_counts_beyond_the_open_files_limit_are_known_before_they_run():
     # 10,000 RF 3 on 5 brokers: 6,000 replicas each, 4 descriptors per replica
     assert descriptors_needed(10000, 5) > 20000 >= descriptors_needed(6000, 5)
-    assert set(QUICK.partitions) <= set(FULL.partitions)
