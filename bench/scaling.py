@@ -119,12 +119,20 @@ def wait_ready(metadata: Metadata, topic: str, partitions: int, live: set[int], 
     a full ISR); raises after timeout_s."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
+        asked = time.monotonic()
         if ready(metadata.partitions(topic), partitions, live, full_isr):
             return time.monotonic() - started
-        time.sleep(poll_s)
+        time.sleep(pause(asked, poll_s))
     raise RuntimeError(
         f"{topic}: not every partition led (full ISR {full_isr}) after {timeout_s:g} s"
     )
+
+
+def pause(asked: float, poll_s: float) -> float:
+    """Seconds to wait before the next Metadata request: twice what the last one took (a broker
+    answering for thousands of partitions spends most of that in Python), so polling takes at
+    most about a third of the answering broker's time; the resolution is as coarse."""
+    return max(poll_s, 2 * (time.monotonic() - asked))
 
 
 def new_topic(cluster: Cluster, name: str, partitions: int, timeout_s: float) -> float:
@@ -336,11 +344,12 @@ def kill_controller(cluster: Cluster, topic: str, partitions: int, timeout_s: fl
             )
         if elected_s is None and cluster.controller_id() not in (None, controller):
             elected_s = time.monotonic() - killed_at
+        asked = time.monotonic()
         view = metadata.partitions(topic)
         if view is not None and all(view.get(p, (-1, 0))[0] in survivors for p in led):
             failover_s = time.monotonic() - killed_at
             break
-        time.sleep(0.005)
+        time.sleep(pause(asked, 0.005))
     if elected_s is None:
         elected_s = failover_s  # seen together
     victim.settings["listeners"] = f"PLAINTEXT://127.0.0.1:{victim.port}"
