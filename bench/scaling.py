@@ -440,6 +440,9 @@ def plot(result: dict, path: Path) -> Path | None:
     panels = ((axes[0], result["partitions"], "partitions", "partitions (3 brokers)"),
               (axes[1], result["brokers"], "brokers", f"brokers ({BROKER_CURVE_PARTITIONS} partitions)"))  # fmt: skip
     for ax, cells, key, label in panels:
+        if not cells:  # a part not run (--only)
+            ax.set_axis_off()
+            continue
         xs = [c[key] for c in cells]
         ax.plot(xs, [c["records_per_s"] for c in cells], marker="o", label="records/s")
         twin = ax.twinx()
@@ -459,6 +462,11 @@ def plot(result: dict, path: Path) -> Path | None:
         ax.legend(fontsize=7, loc="upper left")
     ax = axes[2]
     cells = result["controller"]
+    if not cells:
+        ax.set_axis_off()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
     xs = [c["partitions"] for c in cells]
     for label, key in (
         ("up", "up_s"),
