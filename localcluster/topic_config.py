@@ -50,6 +50,10 @@ class TopicConfig:
     max_message_bytes: int
     min_insync_replicas: int
     unclean_leader_election_enable: bool
+    # the log cleaner's (compacted topics only)
+    min_compaction_lag_ms: int
+    delete_retention_ms: int
+    min_cleanable_dirty_ratio: float
 
     @property
     def deletes(self) -> bool:
@@ -77,6 +81,16 @@ def _integer(low: int, high: int) -> Callable[[str, str], int]:
     return parse
 
 
+def _ratio(name: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: expected a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={value}: must be in [0, 1]")
+    return value
+
+
 def _boolean(name: str, text: str) -> bool:
     if text.strip().lower() not in ("true", "false"):
         raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: expected true or false")
@@ -102,11 +116,12 @@ class _Spec:
     documentation: str
 
 
-BOOLEAN, STRING, INT, LONG, LIST = (
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = (
     1,
     2,
     3,
     5,
+    6,
     7,
 )  # Kafka's ConfigDef.Type, as DescribeConfigs numbers them
 
@@ -115,7 +130,7 @@ SPECS: dict[str, _Spec] = {
                             lambda b: _policy("log.cleanup.policy", b.log_cleanup_policy),
                             "log.cleanup.policy", LIST,
                             "delete: old segments go by retention; compact: the log cleaner keeps "
-                            "the last record per key (not implemented yet: nothing is deleted)"),
+                            "the last record per key (storage/cleaner.py)"),
     "retention.ms": _Spec("retention_ms", _integer(-1, INT64_MAX), lambda b: b.log_retention_ms,
                           "log.retention.ms", LONG,
                           "delete a segment once its newest record is this old (-1: never)"),
@@ -135,6 +150,20 @@ SPECS: dict[str, _Spec] = {
         "unclean_leader_election_enable", _boolean, lambda b: b.unclean_leader_election_enable,
         "unclean.leader.election.enable", BOOLEAN,
         "elect an out-of-sync replica when no in-sync one is alive (may lose records)"),
+    # -- the log cleaner (storage/cleaner.py): read only when cleanup.policy holds compact --
+    "min.compaction.lag.ms": _Spec("min_compaction_lag_ms", _integer(0, INT64_MAX),
+                                   lambda b: b.log_cleaner_min_compaction_lag_ms,
+                                   "log.cleaner.min.compaction.lag.ms", LONG,
+                                   "a record stays uncompacted at least this long"),
+    "delete.retention.ms": _Spec("delete_retention_ms", _integer(0, INT64_MAX),
+                                 lambda b: b.log_cleaner_delete_retention_ms,
+                                 "log.cleaner.delete.retention.ms", LONG,
+                                 "a tombstone (null value) stays this long after its segment "
+                                 "was first cleaned"),
+    "min.cleanable.dirty.ratio": _Spec("min_cleanable_dirty_ratio", _ratio,
+                                       lambda b: b.log_cleaner_min_cleanable_ratio,
+                                       "log.cleaner.min.cleanable.ratio", DOUBLE,
+                                       "clean a log once this share of it is dirty"),
 }  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster.storage import record_batch as rb
-from localcluster.storage import reservation
+from localcluster.storage import reservation, segment_swap
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
 from localcluster.storage.reservation import LogDirectoryFullError
@@ -123,6 +123,7 @@ class Log:
         directory.mkdir(parents=True, exist_ok=True)
         marker = directory / CLEAN_SHUTDOWN
         clean = marker.exists()
+        segment_swap.recover(directory)  # a cleaning killed midway: old or new segment
         _remove_leftovers(directory)
         bases = sorted(int(p.stem) for p in directory.glob("*" + SUFFIX) if p.stem.isdigit())
         segments: list[LogSegment] = []
@@ -509,6 +510,17 @@ class Log:
             self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
         return deleted
+
+    def replace_segment(self, old: LogSegment, new: LogSegment | None) -> None:
+        """The log cleaner's swap (its files are already in place): `new` (same base offset)
+        takes `old`'s place, or `old` goes when None. Readers holding `old` keep its data."""
+        k = self._segments.index(old)
+        assert old is not self.active_segment and (k > 0 or new is not None)
+        if new is None:
+            del self._segments[k], self._bases[k]
+        else:
+            assert new.base_offset == old.base_offset
+            self._segments[k] = new
 
     # -- durability ---------------------------------------------------------------------------
 
