@@ -32,6 +32,7 @@ from localcluster.storage import (
     write_partition_offsets,
 )
 from localcluster.storage import record_batch as rb
+from localcluster.storage.cleaner import CLEANER_OFFSET_CHECKPOINT, CleanerCheckpoints
 from localcluster.storage.producer_snapshot import ProducerStateManager
 from localcluster.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -83,6 +84,9 @@ class LogManager:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.logs: dict[TopicPartition, Log] = {}
         self.producer_states: dict[TopicPartition, ProducerStateManager] = {}
+        self.topic_configs: dict[TopicPartition, TopicConfig] = {}  # the log cleaner reads them
+        # beside the logs (Kafka keeps it in each log dir): lost with them, never stale
+        self.cleaner_checkpoints = CleanerCheckpoints(data_dir / CLEANER_OFFSET_CHECKPOINT)
 
     def _open_producer_state(self, tp: TopicPartition, lg: Log) -> None:
         self.producer_states[tp] = ProducerStateManager.open(
@@ -119,6 +123,7 @@ class LogManager:
         lg = self.logs.get(tp)
         if lg is not None:
             lg.config = self.log_config(topic_config)
+            self.topic_configs[tp] = topic_config
 
     def get_or_create(self, tp: TopicPartition, topic_config: TopicConfig | None = None) -> Log:
         existing = self.logs.get(tp)
@@ -128,6 +133,8 @@ class LogManager:
             )
             self.logs[tp] = existing
             self._open_producer_state(tp, existing)
+            if topic_config is not None:
+                self.topic_configs[tp] = topic_config
         return existing
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -200,14 +207,18 @@ class LogManager:
         elif isinstance(action, r.TruncateTo):
             lg.truncate_to(action.offset)
             self.producer_states[action.tp].truncate_to(action.offset, lg, self.wall_clock_ms())
+            self.cleaner_checkpoints.truncate_to(action.tp, lg.log_end_offset)
         elif isinstance(action, r.TruncateFullyAndStartAt):
             lg.truncate_fully_and_start_at(action.offset)
             self.producer_states[action.tp].truncate_fully_and_start_at(action.offset)
+            self.cleaner_checkpoints.truncate_to(action.tp, action.offset)
         else:
             assert isinstance(action, r.DeleteLog), action
             if lg is not None:
                 del self.logs[action.tp]
                 self.producer_states.pop(action.tp, None)
+                self.topic_configs.pop(action.tp, None)
+                self.cleaner_checkpoints.remove(action.tp)
                 lg.delete()
 
     def append_as_follower(self, append: r.FollowerAppend) -> str | None:

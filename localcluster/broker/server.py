@@ -41,6 +41,7 @@ from localcluster.broker.group_apis import GroupApis
 from localcluster.broker.group_coordinator import GroupCoordinator
 from localcluster.broker.inter_broker import InterBrokerConnector, host_id
 from localcluster.broker.kafka_apis import KafkaApis
+from localcluster.broker.log_cleaner import LogCleaner
 from localcluster.broker.metadata import ClusterMetadata
 from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.broker.network import (
@@ -154,6 +155,7 @@ class BrokerServer:
         self._tasks: list[asyncio.Task] = []
         self._listeners: list[Listener] = []
         self.controller: KafkaController | None = None
+        self.log_cleaner: LogCleaner | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -263,6 +265,9 @@ class BrokerServer:
             loop.create_task(self._every(METRICS_REPLICAS_INTERVAL_MS,
                                          self.replica_manager.publish_replicas)),
         ]  # fmt: skip
+        if c.log_cleaner_enable:
+            self.log_cleaner = LogCleaner(self.replica_manager, c.log_cleaner_backoff_ms)
+            self.log_cleaner.start()
         # Startup's objects live as long as the broker: keep the cyclic GC from rescanning
         # them, and run it less often (its full passes show up as produce latency spikes).
         gc.freeze()
@@ -360,6 +365,8 @@ class BrokerServer:
         if getattr(self, "metadata", None) is not None:
             await asyncio.to_thread(self.metadata.deregister)  # clients stop routing here first
         await cancel_and_wait(*self._tasks)
+        if self.log_cleaner is not None:
+            await self.log_cleaner.stop()
         if getattr(self, "group_coordinator", None) is not None:
             self.group_coordinator.close()
         if self.replica_manager.fetchers is not None:

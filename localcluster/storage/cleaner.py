@@ -217,6 +217,7 @@ def _source_path(source: Source) -> Path:
 
 
 def build_offset_map(plan: CleanPlan, stopped: Callable[[], bool],
+                     pause: Callable[[], None] = lambda: None,
                      map_bytes: int = OFFSET_MAP_BYTES) -> tuple[dict[bytes, int], int, int]:  # fmt: skip
     """key -> last offset over the dirty sources, whole segments only; (map, end offset,
     dirty bytes read). A full map ends the dirty section at the segment it filled in."""
@@ -230,6 +231,7 @@ def build_offset_map(plan: CleanPlan, stopped: Callable[[], bool],
             end = source.base_offset
             break
         for batch in _batches(_source_path(source), source.size, stopped):
+            pause()
             header = rb.read_header(batch)
             if header.is_control:
                 continue
@@ -349,7 +351,7 @@ def clean(plan: CleanPlan, stopped: Callable[[], bool] = lambda: False,
     """Step 2: the offset map, then each source filtered into `.cleaned` files when it changes.
     `stopped` aborts (CleaningAborted, nothing left behind); `pause` runs between batches (a
     thread yields the interpreter there)."""
-    offsets, end, read = build_offset_map(plan, stopped, map_bytes)
+    offsets, end, read = build_offset_map(plan, stopped, pause, map_bytes)
     result = CleanResult(plan, end, dirty_bytes_read=read)
     try:
         for k, source in enumerate(plan.sources):
