@@ -46,7 +46,9 @@ def log_bytes(broker) -> int:
 def cluster(tmp_path_factory):
     started = BrokerSet(tmp_path_factory.mktemp("cluster"))
     try:
-        brokers = [started.start(i, log_cleaner_backoff_ms="100") for i in (1, 2, 3)]
+        # __consumer_offsets in one partition of small segments: commits compact too
+        brokers = [started.start(i, log_cleaner_backoff_ms="100", offsets_topic_num_partitions="1",
+                                 offsets_topic_segment_bytes="1024") for i in (1, 2, 3)]  # fmt: skip
         boot = brokers[0].bootstrap
         admin = AdminClient({"bootstrap.servers": boot})
         config = {"cleanup.policy": "compact", "segment.bytes": "1024",
@@ -167,6 +169,42 @@ def test_clients_read_the_latest_value_per_key_from_the_beginning(cluster, read)
     assert offsets == sorted(set(offsets)) and offsets[-1] == _last_offset()
     assert len(got) < KEYS * ROUNDS  # the gaps are there, and the clients skip them
     assert _fold((k, v) for _, k, v in got) == expected_latest()
+
+
+def _checkpointed(broker, topic: str) -> bool:
+    path = broker.data_dir / cleaner.CLEANER_OFFSET_CHECKPOINT
+    return path.exists() and f"\n{topic} 0 " in path.read_text()
+
+
+def test_a_coordinator_loads_committed_offsets_from_a_compacted_log(cluster):
+    """Commits overwrite one key of __consumer_offsets; once every replica is cleaned, the
+    coordinator is killed and the next one replays its compacted copy: the last commit."""
+    boot = cluster[0].bootstrap
+    tp = confluent_kafka.TopicPartition
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": boot, "group.id": "compacting",
+                                         "enable.auto.commit": False})  # fmt: skip
+    try:
+        for offset in range(1, 61):
+            consumer.commit(offsets=[tp(TOPIC, 0, offset)], asynchronous=False)
+    finally:
+        consumer.close()
+    wait_until(lambda: all(_checkpointed(b, "__consumer_offsets") for b in cluster),
+               timeout_s=TIMEOUT_S, message="every replica should clean __consumer_offsets")  # fmt: skip
+    metadata = AdminClient({"bootstrap.servers": boot}).list_topics("__consumer_offsets", 10)
+    leader = metadata.topics["__consumer_offsets"].partitions[0].leader
+    coordinator = next(b for b in cluster if b.broker_id == leader)
+    coordinator.kill()
+    try:
+        alive = next(b for b in cluster if b is not coordinator)
+        reader = confluent_kafka.Consumer({"bootstrap.servers": alive.bootstrap,
+                                           "group.id": "compacting"})  # fmt: skip
+        try:
+            committed = reader.committed([tp(TOPIC, 0)], timeout=TIMEOUT_S)
+        finally:
+            reader.close()
+        assert committed[0].offset == 60
+    finally:
+        coordinator.start()
 
 
 # -- kill -9 during a cleaning --------------------------------------------------------------------
