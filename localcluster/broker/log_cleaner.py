@@ -5,28 +5,35 @@ Every `log.cleaner.backoff.ms` without work it looks over the logs whose topic h
 cleanup.policy=compact and picks the dirtiest one over min.cleanable.dirty.ratio (Kafka's
 grabFilthiestCompactedLog); it cleans only below the replica's high watermark.
 
-Threads: planning and committing run on the event loop (cheap: segment metadata, renames, a
-map of the new segment); the cleaning itself (decoding records, writing the `.cleaned` files)
-runs on one dedicated thread, reading segment files with pread (never the live maps, which a
-truncation may cut under it). That thread gives the interpreter back between batches, so the
-event loop waits at most one batch's work for it, not a switch interval. The commit checks that
-the segments read are unchanged, so a truncation, a retention deletion or a leader change during
-the cleaning only costs a retry. A fetch holding a slice of a replaced segment keeps reading the
-old file (its descriptor and map stay alive until the slice is dropped).
+Where the work runs: planning and committing on the event loop (cheap: segment metadata,
+renames, a map of the new segment); the cleaning itself (decoding records, writing the
+`.cleaned` files) in a worker process of its own (broker/log_cleaner_worker.py), which reads
+segment files with pread, never the live maps. Not a thread: one decoding records would hold
+the interpreter lock a switch interval each time the event loop wakes (measured: acks=all p99
+from 13 ms to seconds). The commit checks that the segments read are unchanged, so a
+truncation, a retention deletion or a roll during the cleaning only costs a retry. A fetch
+holding a slice of a replaced segment keeps reading the old file (its descriptor and map stay
+alive until the slice is dropped).
 
-Stopping: the thread is told first and abandons its cleaning at the next batch (its `.cleaned`
-files are removed, or by the next open after a kill).
+Stopping: the worker is killed (by its pid); the `.cleaned` files of its unfinished cleaning are
+removed when the log next opens. It also dies with the broker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from localcluster.broker.log_cleaner_worker import read_frame, write_frame
 from localcluster.storage import cleaner
 from localcluster.topic_config import TopicConfig
 
@@ -61,7 +68,9 @@ class LogCleaner:
         self.wall_clock_ms = wall_clock_ms
         self.stats = CleanerStats()
         self._stopping = False
+        # one thread that waits on the worker's answers (the worker does the work)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="log-cleaner")
+        self._worker = CleanerWorker()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -69,6 +78,7 @@ class LogCleaner:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._worker.kill()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -118,26 +128,20 @@ class LogCleaner:
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(self._executor, cleaner.clean, planned,
-                                                self._is_stopping, self._pause)  # fmt: skip
+            result = await loop.run_in_executor(self._executor, self._worker.clean,
+                                                planned.detached())  # fmt: skip
         except cleaner.CleaningAborted as e:
             log.info("log cleaner: cleaning of %s-%d abandoned: %s", *tp, e)
             return False
-        if self.log_manager.logs.get(tp) is not lg or not cleaner.commit(lg, result):
+        if self._stopping:
+            cleaner.discard(result)
+            return False
+        if self.log_manager.logs.get(tp) is not lg or not cleaner.commit(lg, planned, result):
             cleaner.discard(result)
             return False
         self.log_manager.cleaner_checkpoints.update(tp, result.end_offset)
         self._account(tp, result, time.monotonic() - started)
         return True
-
-    def _is_stopping(self) -> bool:
-        return self._stopping
-
-    def _pause(self) -> None:
-        """Between batches, on the cleaner thread: give the event loop the interpreter."""
-        if self._stopping:
-            raise cleaner.CleaningAborted("the broker is stopping")
-        time.sleep(0)
 
     def _account(self, tp: TopicPartition, result: cleaner.CleanResult, busy_s: float) -> None:
         s = self.stats
@@ -151,3 +155,47 @@ class LogCleaner:
                  "removed, %.1f MB of dirty log in %.3f s", *tp, result.end_offset,
                  result.bytes_before, result.bytes_after, result.records_removed,
                  result.dirty_bytes_read / 1e6, busy_s)  # fmt: skip
+
+
+class CleanerWorker:
+    """The worker process, started on first use and again after it died."""
+
+    def __init__(self):
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()  # kill() may come from the event loop mid-clean
+
+    def clean(self, planned: cleaner.CleanPlan) -> cleaner.CleanResult:
+        """Blocking (the cleaner's thread): send the plan, wait for the result."""
+        with self._lock:
+            process = self._process
+            if process is None or process.poll() is not None:
+                process = self._process = subprocess.Popen(
+                    [sys.executable, "-m", "localcluster.broker.log_cleaner_worker"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        try:
+            write_frame(process.stdin, planned)
+            answer = read_frame(process.stdout)
+        except (BrokenPipeError, OSError, ValueError) as e:
+            answer = None
+            log.info("log cleaner: worker pipe: %s", e)
+        if answer is None:
+            raise cleaner.CleaningAborted(f"the cleaner worker (pid {process.pid}) exited")
+        status, value = answer
+        if status != "ok":
+            raise RuntimeError(f"cleaner worker: {value}")
+        return value
+
+    def kill(self) -> None:
+        with self._lock:
+            process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        for stream in (process.stdin, process.stdout) if process is not None else ():
+            try:
+                stream.close()
+            except OSError:
+                pass

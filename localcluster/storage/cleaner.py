@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,15 +78,12 @@ class CleanerSettings:
 class Source:
     """A live segment as it was when planned; `cleaned_at_ms` None: in the dirty section."""
 
-    segment: LogSegment
+    base_offset: int
+    path: Path
     size: int
     next_offset: int
     last_crc: int | None
     cleaned_at_ms: int | None
-
-    @property
-    def base_offset(self) -> int:
-        return self.segment.base_offset
 
 
 @dataclass(slots=True)
@@ -100,6 +97,12 @@ class CleanPlan:
     now_ms: int
     delete_retention_ms: int
     producer_last_offsets: Mapping[int, int]  # producer id -> last offset of its last batch
+    # the live segments, one per source (not sent with a plan to another process)
+    segments: tuple[LogSegment, ...] = field(default=(), compare=False, repr=False)
+
+    def detached(self) -> CleanPlan:
+        """The plan without its live segments: all `clean` needs, picklable."""
+        return replace(self, segments=())
 
     @property
     def dirty_ratio(self) -> float:
@@ -110,6 +113,7 @@ class CleanPlan:
 class Outcome:
     """One source after cleaning: kept as is, rewritten (`.cleaned` files), or emptied."""
 
+    index: int  # of the source in the plan
     source: Source
     kind: str  # "unchanged", "rewritten", "emptied"
     bytes_after: int
@@ -167,21 +171,23 @@ def plan(lg: Log, checkpoint: int | None, settings: CleanerSettings, now_ms: int
     if first_dirty is None or not lg.log_start_offset <= first_dirty <= lg.log_end_offset:
         first_dirty = lg.log_start_offset  # Kafka resets a checkpoint outside the log too
     end = first_uncleanable_offset(lg, first_dirty, settings, now_ms, high_watermark)
-    sources, dirty, total = [], 0, 0
+    sources, segments, dirty, total = [], [], 0, 0
     for segment in lg.segments:
         if segment.base_offset >= end:
             break
         is_dirty = segment.next_offset > first_dirty
         cleaned_at = None if is_dirty else _cleaned_at_ms(segment)
-        sources.append(Source(segment, segment.size, segment.next_offset, _last_crc(segment),
-                              cleaned_at))  # fmt: skip
+        sources.append(Source(segment.base_offset, segment.path, segment.size,
+                              segment.next_offset, _last_crc(segment), cleaned_at))  # fmt: skip
+        segments.append(segment)
         total += segment.size
         dirty += segment.size if is_dirty else 0
     if not any(s.cleaned_at_ms is None for s in sources):
         return None
     first_dirty = next(s.base_offset for s in sources if s.cleaned_at_ms is None)
     return CleanPlan(lg.directory, sources, first_dirty, end, dirty, total, now_ms,
-                     settings.delete_retention_ms, dict(producer_last_offsets or {}))  # fmt: skip
+                     settings.delete_retention_ms, dict(producer_last_offsets or {}),
+                     tuple(segments))  # fmt: skip
 
 
 # -- 2. cleaning (any thread) ------------------------------------------------------------------
@@ -212,10 +218,6 @@ def _batches(path: Path, size: int, stopped: Callable[[], bool]) -> Iterator[mem
         os.close(fd)
 
 
-def _source_path(source: Source) -> Path:
-    return source.segment.path
-
-
 def build_offset_map(plan: CleanPlan, stopped: Callable[[], bool],
                      pause: Callable[[], None] = lambda: None,
                      map_bytes: int = OFFSET_MAP_BYTES) -> tuple[dict[bytes, int], int, int]:  # fmt: skip
@@ -230,7 +232,7 @@ def build_offset_map(plan: CleanPlan, stopped: Callable[[], bool],
         if used > map_bytes and offsets:
             end = source.base_offset
             break
-        for batch in _batches(_source_path(source), source.size, stopped):
+        for batch in _batches(source.path, source.size, stopped):
             pause()
             header = rb.read_header(batch)
             if header.is_control:
@@ -371,7 +373,7 @@ def _clean_source(plan: CleanPlan, k: int, source: Source, offsets: dict[bytes, 
     keep = _Filter(offsets, plan.producer_last_offsets, drop_tombstones=horizon_passed)
     writer = _CleanedWriter(plan.directory, source.base_offset)
     try:
-        for batch in _batches(_source_path(source), source.size, stopped):
+        for batch in _batches(source.path, source.size, stopped):
             kept = keep.batch(batch)
             if kept is batch:
                 writer.append(batch)
@@ -386,13 +388,13 @@ def _clean_source(plan: CleanPlan, k: int, source: Source, offsets: dict[bytes, 
     result.records_removed += keep.removed
     if not writer.changed:
         writer.discard()
-        return Outcome(source, "unchanged", source.size)
+        return Outcome(k, source, "unchanged", source.size)
     if writer.size == 0 and k > 0:
         writer.discard()
-        return Outcome(source, "emptied", 0)
+        return Outcome(k, source, "emptied", 0)
     cleaned_at = plan.now_ms if source.cleaned_at_ms is None else source.cleaned_at_ms
     writer.finish(cleaned_at)
-    return Outcome(source, "rewritten", writer.size)
+    return Outcome(k, source, "rewritten", writer.size)
 
 
 def discard(result: CleanResult) -> None:
@@ -405,24 +407,24 @@ def discard(result: CleanResult) -> None:
 # -- 3. committing (the log's thread) ----------------------------------------------------------
 
 
-def _still_there(lg: Log, source: Source) -> bool:
-    segment = source.segment
+def _still_there(lg: Log, segment: LogSegment, source: Source) -> bool:
     return (segment in lg.segments and segment is not lg.active_segment
             and segment.size == source.size and segment.next_offset == source.next_offset
             and _last_crc(segment) == source.last_crc)  # fmt: skip
 
 
-def commit(lg: Log, result: CleanResult) -> bool:
-    """Step 3: swap the cleaned segments into `lg`; False (nothing swapped, the `.cleaned` files
-    gone) when a source changed since it was read. The caller then checkpoints `end_offset`."""
-    if not all(_still_there(lg, o.source) for o in result.outcomes):
+def commit(lg: Log, planned: CleanPlan, result: CleanResult) -> bool:
+    """Step 3: swap the cleaned segments into `lg` (`planned` is the plan with its segments);
+    False (nothing swapped, the `.cleaned` files gone) when a source changed since it was read.
+    The caller then checkpoints `end_offset`."""
+    if not all(_still_there(lg, planned.segments[o.index], o.source) for o in result.outcomes):
         discard(result)
         log.info("log %s: a segment changed while it was cleaned; cleaning it again later",
                  lg.directory)  # fmt: skip
         return False
     config = lg.config
     for outcome in result.outcomes:
-        old = outcome.source.segment
+        old = planned.segments[outcome.index]
         if outcome.kind == "unchanged":
             if outcome.source.cleaned_at_ms is None:  # first cleaned now: its tombstones' clock
                 ns = result.plan.now_ms * 1_000_000
@@ -450,8 +452,8 @@ def clean_log(lg: Log, checkpoint: int | None, settings: CleanerSettings, now_ms
     planned = plan(lg, checkpoint, settings, now_ms, hw, producer_last_offsets)
     if planned is None:
         return None
-    result = clean(planned)
-    return result if commit(lg, result) else None
+    result = clean(planned.detached())
+    return result if commit(lg, planned, result) else None
 
 
 # -- the checkpoint ----------------------------------------------------------------------------

@@ -207,10 +207,10 @@ def test_a_source_changed_under_the_cleaning_commits_nothing(lg):
         put(lg, [(b"k", b"v%d" % i)], 100 + i)
         lg.roll()
     planned = cleaner.plan(lg, None, cleaner.CleanerSettings(), 200, lg.log_end_offset)
-    result = cleaner.clean(planned)
+    result = cleaner.clean(planned.detached())
     lg.truncate_to(1)
     before = records_of(lg)
-    assert not cleaner.commit(lg, result)
+    assert not cleaner.commit(lg, planned, result)
     assert records_of(lg) == before
     assert not [p for p in lg.directory.iterdir() if p.name.endswith(".cleaned")]
 
@@ -237,11 +237,11 @@ def _prepared(tmp_path):
     everything = records_of(lg)
     old = [(r.offset, r.value) for r in everything]
     planned = cleaner.plan(lg, None, cleaner.CleanerSettings(), 200, lg.log_end_offset)
-    result = cleaner.clean(planned)
+    result = cleaner.clean(planned.detached())
     latest = {r.key: r.offset for r in everything if r.offset < result.end_offset}
     new = [(r.offset, r.value) for r in everything
            if r.offset >= result.end_offset or r.offset == latest[r.key]]  # fmt: skip
-    return lg, result, old, new
+    return lg, (planned, result), old, new
 
 
 def _crash_and_reopen(lg: Log):
@@ -255,7 +255,7 @@ def _crash_and_reopen(lg: Log):
 
 @pytest.mark.parametrize("step", ["cleaned", "indexes-swap", "log-swap", "index-replaced"])
 def test_a_crash_during_the_swap_leaves_the_old_or_the_new_segment(tmp_path, step):
-    lg, result, old, new = _prepared(tmp_path)
+    lg, (_, result), old, new = _prepared(tmp_path)
     rewritten = [o.source for o in result.outcomes if o.kind == "rewritten"]
     assert rewritten
     directory, source, name = lg.directory, rewritten[0], segment_swap.file_name
@@ -282,8 +282,8 @@ def test_a_crash_during_the_swap_leaves_the_old_or_the_new_segment(tmp_path, ste
 
 
 def test_a_crash_after_the_commit_reopens_the_new_log(tmp_path):
-    lg, result, old, new = _prepared(tmp_path)
-    assert cleaner.commit(lg, result)
+    lg, (planned, result), old, new = _prepared(tmp_path)
+    assert cleaner.commit(lg, planned, result)
     assert [(r.offset, r.value) for r in records_of(lg)] == new
     assert _crash_and_reopen(lg) == new
     assert fold(records_of(lg)) == fold(Record(v, key=b"k%d" % (o % 3)) for o, v in old)
