@@ -19,6 +19,7 @@ Steps, in order (limits first, while nothing else runs):
 - failover: kill -9 of leaders and of the controller under acks=all load.
 - groups: OffsetCommit latency beside Produce, rebalance times of 1/4/8 members, kill -9 of a
   group's coordinator while it consumes and commits.
+- cleaner: the log cleaner's MB/s, and acks=all latency without and while every replica cleans.
 - peers: NATS JetStream (3 nodes, R3 file stream) and Redis 7 (primary + 2 replicas, WAIT 2),
   set up, measured and torn down; skipped with the reason when not installed.
 - coord, startup, and (full run only) broker: the coordination store, `up -n 5`, RF 1 fetch.
@@ -44,6 +45,7 @@ STEPS: dict[str, tuple[str, int, int, bool]] = {
     "matrix": ("bench.matrix", 1800, 240, True),
     "failover": ("bench.failover", 900, 120, True),
     "groups": ("bench.groups", 400, 120, True),
+    "cleaner": ("bench.cleaner", 300, 120, True),
     "peers": ("bench.suite --peers-step", 300, 120, True),
     "coord": ("bench.coord", 300, 120, True),
     "startup": ("bench.startup", 300, 120, True),
