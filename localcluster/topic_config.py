@@ -14,7 +14,9 @@ Kafka's names, types and ranges (its LogConfig). Supported and enforced here:
 - `retention.ms`, `retention.bytes` (-1: no limit), `segment.bytes`;
 - `max.message.bytes` (a larger batch gets MESSAGE_TOO_LARGE), `min.insync.replicas` (at most
   the replication factor when it is known: above it no acks=all produce could ever succeed),
-  `unclean.leader.election.enable`.
+  `unclean.leader.election.enable`;
+- `min.compaction.lag.ms`, `delete.retention.ms`, `min.cleanable.dirty.ratio`: the log
+  cleaner's (storage/cleaner.py), read only for compacted topics.
 Imports nothing of the broker: its defaults come in as any object with BrokerConfig's fields.
 """
 
