@@ -121,7 +121,8 @@ class ReplicaHost:
             failure = self.log_manager.append_as_follower(append)
             self.execute(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
                          if failure else
-                         self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
+                         self.core.on_follower_appended(append.tp, append.leader_high_watermark,
+                                                        append.leader_log_start_offset))  # fmt: skip
         for change in ready.state_changes:
             self.on_state_change(change)
         for update in ready.isr_writes:

@@ -34,6 +34,7 @@ from pathlib import Path
 from localcluster import coord
 from localcluster.broker import state_change_log
 from localcluster.broker.admin_apis import AdminApis
+from localcluster.broker.records_apis import RecordsApis
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
 from localcluster.broker.config_changes import follow_config_changes
@@ -227,6 +228,7 @@ class BrokerServer:
                                                   self.metadata.offsets_partition_count)  # fmt: skip
         apis.add_handlers(GroupApis(self.group_coordinator, self.metadata, c).handlers())
         apis.add_handlers(AdminApis(self.metadata, c).handlers())
+        apis.add_handlers(RecordsApis(self.replica_manager).handlers())
         apis.on_replicas_changed = self.group_coordinator.on_replicas_changed
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(

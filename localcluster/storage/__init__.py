@@ -5,6 +5,7 @@ Pure files-and-bytes: no sockets, no clocks (callers pass `now_ms`), no replicat
 
 from localcluster.storage.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
@@ -40,7 +41,7 @@ from localcluster.storage.segment import CutReport, FileSlice
 
 __all__ = [
     "AppendInfo", "BatchHeader", "BatchSpec", "CheckpointError", "CorruptRecordError",
-    "CutReport", "FileSlice", "LEADER_EPOCH_CHECKPOINT", "LeaderEpochCache", "Log", "LogConfig",
+    "CutReport", "FileSlice", "LEADER_EPOCH_CHECKPOINT", "LOG_START_OFFSET_CHECKPOINT", "LeaderEpochCache", "Log", "LogConfig",
     "LogDirectoryFullError",
     "OffsetOutOfRangeError", "RECOVERY_POINT_OFFSET_CHECKPOINT", "REPLICATION_OFFSET_CHECKPOINT",
     "ReadResult", "Record", "RecordBatchTooLargeError", "UNDEFINED_EPOCH",
