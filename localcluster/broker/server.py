@@ -34,7 +34,6 @@ from pathlib import Path
 from localcluster import coord
 from localcluster.broker import state_change_log
 from localcluster.broker.admin_apis import AdminApis
-from localcluster.broker.records_apis import RecordsApis
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
 from localcluster.broker.config_changes import follow_config_changes
@@ -52,6 +51,7 @@ from localcluster.broker.network import (
     unix_listen,
 )
 from localcluster.broker.producer_ids import ProducerIdManager
+from localcluster.broker.records_apis import RecordsApis
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.sasl_authenticator import (
