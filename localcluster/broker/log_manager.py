@@ -193,6 +193,8 @@ class LogManager:
         if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
             return verdict
         assert isinstance(verdict, ProducerAppendInfo)
+        if lg.config.log_append_time:  # Kafka's LogValidator: the leader's clock, new CRCs
+            records = rb.with_log_append_time(records, self.wall_clock_ms())
         segment = lg.active_segment.base_offset
         info = lg.append(records, leader_epoch)
         producers.state.apply(verdict)

@@ -103,7 +103,8 @@ class ReplicaManager(ReplicaHost):
         return LogConfig(segment_bytes=c.segment_bytes,
                          segment_index_bytes=self.config.log_index_size_max_bytes,
                          retention_bytes=c.retention_bytes if c.deletes else -1,
-                         retention_ms=c.retention_ms if c.deletes else -1)  # fmt: skip
+                         retention_ms=c.retention_ms if c.deletes else -1,
+                         segment_ms=c.segment_ms, log_append_time=c.log_append_time)  # fmt: skip
 
     def publish_replicas(self) -> None:
         """Put every hosted replica's offsets on the metrics board (for `status`)."""
@@ -162,7 +163,8 @@ class ReplicaManager(ReplicaHost):
         for tp, records in entries:
             future = loop.create_future()
             result = self.append_to_leader(tp, records, acks, timeout_ms, lambda _, f=future: f)
-            response = ProducePartitionResponse(tp[1], result.error, result.first_offset, -1,
+            response = ProducePartitionResponse(tp[1], result.error, result.first_offset,
+                                                result.log_append_time_ms,
                                                 result.log_start_offset, error_message=result.message)  # fmt: skip
             responses.append(response)
             if result.appended is not None:

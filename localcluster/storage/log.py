@@ -60,6 +60,8 @@ class LogConfig:
     retention_bytes: int = -1  # log.retention.bytes (-1: no limit)
     retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
     prefault_bytes: int = 1 << 20  # pages prefaulted ahead of the write position
+    segment_ms: int = 7 * 24 * 3600 * 1000  # log.roll.ms: a segment this old rolls
+    log_append_time: bool = False  # message.timestamp.type=LogAppendTime (the caller stamps)
 
     def __post_init__(self):
         if not 2 * rb.HEADER_SIZE <= self.segment_bytes <= INT32_MAX:
@@ -328,9 +330,30 @@ class Log:
         fits = (active.can_hold(header.size, 1)
                 and active.size + header.size <= self.config.segment_bytes)  # fmt: skip
         relative_ok = base_offset + header.last_offset_delta - active.base_offset <= INT32_MAX
-        if (fits and relative_ok) or active.size == 0:
+        if active.size == 0 or (fits and relative_ok and not self._aged(header.max_timestamp)):
             return
         self.roll(base_offset)
+
+    def _aged(self, timestamp_ms: int) -> bool:
+        """segment.ms, as Kafka's LogSegment.shouldRoll measures it: from the active segment's
+        first batch's max timestamp to `timestamp_ms` (an incoming batch's, or now)."""
+        active = self.active_segment
+        if not active.index.count:
+            return False
+        first = active.batch_header(0).max_timestamp
+        return first >= 0 and timestamp_ms - first > self.config.segment_ms
+
+    def maybe_roll_by_time(self, now_ms: int) -> bool:
+        """The retention check's segment.ms roll: an active segment older than it is sealed,
+        so retention can delete it once it expires. No space for the new one: not now."""
+        if not self._aged(now_ms):
+            return False
+        try:
+            self.roll()
+        except LogDirectoryFullError as e:
+            log.warning("log %s: segment.ms roll put off: %s", self.directory, e)
+            return False
+        return True
 
     def roll(self, new_base_offset: int | None = None) -> LogSegment:
         """Seal the active segment and start a new one at the log end."""
@@ -516,6 +539,7 @@ class Log:
         Returns how many were deleted.
         """
         config = self.config
+        self.maybe_roll_by_time(now_ms)
         limit = self.log_end_offset if high_watermark is None else high_watermark
         excess = self.size_in_bytes - config.retention_bytes
         deleted = 0

@@ -188,3 +188,49 @@ def test_confluent_describe_cluster_names_the_real_controller(cluster):
     assert sorted(n.id for n in described.nodes) == [1, 2, 3]
     assert described.cluster_id == cluster.zk.cluster_id()
     assert described.authorized_operations is None  # not asked: Kafka's INT32_MIN
+
+
+def test_log_append_time_is_what_a_real_consumer_sees(cluster):
+    import time
+
+    topic = "stamped"
+    futures = cluster.admin().create_topics([NewTopic(topic, 1, 3, config={
+        "message.timestamp.type": "LogAppendTime"})], operation_timeout=10)  # fmt: skip
+    futures[topic].result(20)
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    before = int(time.time() * 1000)
+    producer.produce(topic, b"old", timestamp=1_000)  # the producer's CreateTime: 1970
+    assert producer.flush(20) == 0
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap,
+                                         "group.id": "stamped", "auto.offset.reset": "earliest"})  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        message = wait_until(lambda: consumer.poll(0.5), timeout_s=20, message="the record")
+        assert message.error() is None, message.error()
+        kind, timestamp = message.timestamp()
+        assert kind == confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
+        assert before <= timestamp <= int(time.time() * 1000)
+    finally:
+        consumer.close()
+
+
+def test_segment_ms_rolls_the_active_segment_at_the_next_append(cluster):
+    import time
+
+    topic = "rolled"
+    futures = cluster.admin().create_topics([NewTopic(topic, 1, 3, config={
+        "segment.ms": "60000"})], operation_timeout=10)  # fmt: skip
+    futures[topic].result(20)
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all",
+                                         "linger.ms": 0})  # fmt: skip
+    now = int(time.time() * 1000)
+    producer.produce(topic, b"first", timestamp=now - 120_000)  # two minutes old
+    assert producer.flush(20) == 0
+    producer.produce(topic, b"second", timestamp=now - 90_000)  # 30 s later: same segment
+    assert producer.flush(20) == 0
+    producer.produce(topic, b"third", timestamp=now)  # 120 s after the first: a new one
+    assert producer.flush(20) == 0
+    for broker in cluster.brokers.values():  # followers roll their copies the same way
+        log_dir = broker.data_dir / f"{topic}-0"
+        wait_until(lambda d=log_dir: sorted(int(p.stem) for p in d.glob("*.log")) == [0, 2],
+                   timeout_s=10, message=f"{log_dir} should hold segments 0 and 2")  # fmt: skip
