@@ -85,6 +85,8 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     # broker/records_apis.py. DescribeLogDirs v0 left Kafka 4's schemas (the clients': 1+).
     ApiKey.DELETE_RECORDS: VersionRange(0, 2, 2),
     ApiKey.DESCRIBE_LOG_DIRS: VersionRange(1, 4, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: VersionRange(0, 0, 0),  # broker/reassignment_apis.py
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: VersionRange(0, 0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),
     ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0, 0),

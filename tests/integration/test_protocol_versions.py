@@ -283,6 +283,11 @@ def sample_request(api_key: int, version: int) -> bytes:
             "include_cluster_authorized_operations": False, "endpoint_type": 1})  # fmt: skip
     if api_key == ApiKey.DESCRIBE_LOG_DIRS:
         return messages.encode_request(api_key, version, {"topics": None})
+    if api_key == ApiKey.ALTER_PARTITION_REASSIGNMENTS:  # to the replicas it has: done at once
+        return messages.encode_request(api_key, version, {"timeout": 10_000, "topics": [
+            {"name": TOPIC, "partitions": [{"partition_index": 0, "replicas": [1]}]}]})  # fmt: skip
+    if api_key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        return messages.encode_request(api_key, version, {"timeout": 10_000, "topics": None})
     if api_key == ApiKey.DELETE_RECORDS:  # v0 and v1 move the start by one, v2 to the HW (4)
         return messages.encode_request(api_key, version, {"topics": [{"name": DELETED, "partitions": [
             {"partition_index": 0, "offset": version + 1 if version < 2 else -1}]}],
@@ -352,6 +357,11 @@ def check_response(api_key: int, version: int, response) -> None:
         sizes = {(t.name, p.partition_index): p.partition_size
                  for t in result.topics for p in t.partitions}  # fmt: skip
         assert result.error_code == 0 and sizes[(TOPIC, 0)] > 0, response
+    elif api_key == ApiKey.ALTER_PARTITION_REASSIGNMENTS:
+        (partition,) = response.responses[0].partitions
+        assert (response.error_code, partition.error_code) == (0, 0), response
+    elif api_key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        assert response.error_code == 0 and response.topics == (), response
     elif api_key == ApiKey.DELETE_RECORDS:
         (partition,) = response.topics[0].partitions
         assert partition.error_code == 0, response
@@ -367,7 +377,8 @@ ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
          ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS, *GROUP_APIS, ApiKey.CREATE_PARTITIONS,
          ApiKey.DELETE_TOPICS, ApiKey.DESCRIBE_CONFIGS, ApiKey.ALTER_CONFIGS,
          ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ELECT_LEADERS, ApiKey.DESCRIBE_CLUSTER,
-         ApiKey.DESCRIBE_LOG_DIRS, ApiKey.DELETE_RECORDS]  # fmt: skip
+         ApiKey.DESCRIBE_LOG_DIRS, ApiKey.DELETE_RECORDS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+         ApiKey.LIST_PARTITION_REASSIGNMENTS]  # fmt: skip
 EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
 # The controller's requests change leadership; they are tested where a controller is.
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,
