@@ -1,5 +1,7 @@
-"""DeleteRecords, DescribeLogDirs and DescribeCluster through confluent-kafka's AdminClient and
-kafka-python's KafkaAdminClient against three real brokers (one cluster for the module).
+"""DeleteRecords, DescribeLogDirs, DescribeCluster and the reassignment APIs through
+confluent-kafka's AdminClient and kafka-python's KafkaAdminClient (which has the reassignment
+APIs; librdkafka has none) and our Admin client, against three real brokers (one cluster for the
+module); topic configs segment.ms and message.timestamp.type with real producers and consumers.
 
 DeleteRecords is read back on every replica: each broker's log-start-offset-checkpoint (written
 when its start moves, so the followers' show they learnt it), ListOffsets earliest from the
@@ -31,7 +33,11 @@ OFFSET_OUT_OF_RANGE = 1
 class Cluster:
     def __init__(self, brokers: BrokerSet):
         self.set = brokers
-        self.brokers = {b: brokers.start(b, replica_fetch_wait_max_ms="100") for b in (1, 2, 3)}
+        # a long session: the reassignment test stops a broker (SIGSTOP) for a few seconds;
+        # a kill -9 is still noticed at once (its lock goes)
+        self.brokers = {b: brokers.start(b, replica_fetch_wait_max_ms="100",
+                                         zookeeper_session_timeout_ms="30000")
+                        for b in (1, 2, 3)}  # fmt: skip
         self.zk = KafkaZkClient(coord.connect(str(brokers.cluster_dir / "store")))
         self._admin = None
         wait_until(lambda: self.zk.controller_id() is not None, timeout_s=10)
@@ -234,3 +240,53 @@ def test_segment_ms_rolls_the_active_segment_at_the_next_append(cluster):
         log_dir = broker.data_dir / f"{topic}-0"
         wait_until(lambda d=log_dir: sorted(int(p.stem) for p in d.glob("*.log")) == [0, 2],
                    timeout_s=10, message=f"{log_dir} should hold segments 0 and 2")  # fmt: skip
+
+
+def test_kafka_python_reassigns_lists_refuses_and_cancels(cluster):
+    import os
+    import signal
+
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import (
+        InvalidReplicationAssignmentError,
+        NoReassignmentInProgressError,
+        UnknownTopicOrPartitionError,
+    )
+    from kafka.structs import TopicPartition as KTopicPartition
+
+    from localcluster.client import Admin
+
+    controller = cluster.zk.controller_id()
+    a, b = sorted(set(cluster.brokers) - {controller})
+    with Admin(bootstrap_servers=cluster.bootstrap) as ours:
+        ours.create_topic("moved", replica_assignment={0: [controller, a]})
+        ours.wait_for_leaders("moved")
+    tp = KTopicPartition("moved", 0)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    try:
+        assert admin.alter_partition_reassignments({tp: [b, controller]}) == {tp: None}
+        wait_until(lambda: cluster.zk.assignment("moved").partitions[0] == (b, controller)
+                   and not admin.list_partition_reassignments(), timeout_s=20,
+                   message="the replicas move and the list empties")  # fmt: skip
+        assert admin.alter_partition_reassignments({tp: [b, 9]}) == {
+            tp: InvalidReplicationAssignmentError}  # fmt: skip
+        nosuch = KTopicPartition("nosuch", 0)
+        assert admin.alter_partition_reassignments({nosuch: [b]}) == {
+            nosuch: UnknownTopicOrPartitionError}  # fmt: skip
+        assert admin.alter_partition_reassignments({tp: None}) == {
+            tp: NoReassignmentInProgressError}  # fmt: skip
+        # a stopped broker cannot catch up: the reassignment stays under way until cancelled
+        os.killpg(cluster.brokers[a].pid, signal.SIGSTOP)
+        try:
+            assert admin.alter_partition_reassignments({tp: [b, controller, a]}) == {tp: None}
+            ongoing = admin.list_partition_reassignments()
+            assert ongoing == {tp: {"replicas": [b, controller, a], "adding_replicas": [a],
+                                    "removing_replicas": []}}, ongoing  # fmt: skip
+            assert admin.alter_partition_reassignments({tp: None}) == {tp: None}
+            wait_until(lambda: cluster.zk.assignment("moved").partitions[0] == (b, controller)
+                       and not admin.list_partition_reassignments(), timeout_s=20,
+                       message="the cancel restores the original replicas")  # fmt: skip
+        finally:
+            os.killpg(cluster.brokers[a].pid, signal.SIGCONT)
+    finally:
+        admin.close()
