@@ -42,8 +42,19 @@ venv: $(VENV)/.installed-base
 demo: $(VENV)/.installed-base
 	$(BIN)/python -m localcluster.tools.cluster_demo
 
+# The simulator and the unit tests are CPU-bound and independent of each other: two workers
+# (pytest-xdist) share them over the two cores, the simulator's long sweeps first. The
+# integration tests time real processes (failovers, session timeouts) and run alone after
+# them. Both parts always run; either failing fails the target. PYTEST_ARGS=... runs just those.
 test: $(VENV)/.installed-test system-deps
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@status=0; \
+	$(BIN)/python -m pytest -n 2 tests/sim tests/unit || status=1; \
+	$(BIN)/python -m pytest tests/integration || status=1; \
+	exit $$status
+else
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+endif
 
 # Real servers and clients the tests and benchmarks run against (Debian packages), installed
 # only when missing; nothing here starts a service (tests and benchmarks start private servers

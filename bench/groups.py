@@ -11,10 +11,10 @@ Every client runs in this process on its own thread (bench/groups_clients.py). T
   partition has the same replicas, in the same order, as the group's offsets partition (same
   leader, same followers): the ratio of the two is what the coordinator adds to an acks=all
   append. A fixed schedule of --commit-rate calls per second; each call's blocking time.
-- **Rebalance**: N confluent-kafka members (their defaults, range assignor, auto.offset.reset
-  earliest) subscribe to a topic of 8 partitions one after the other; join = from the last
-  subscribe() to every member holding its final assignment (each something, every partition
-  once); leave = from one member's close() (LeaveGroup) to the others' new assignments. The
+- **Rebalance**: N = 1, 3, 10 (issue 15's sizes) confluent-kafka members (their defaults,
+  range assignor, auto.offset.reset earliest) subscribe to a topic of 12 partitions one after
+  the other; join = from the last subscribe() to every member holding its final assignment
+  (each something, every partition once: the group is Stable and every member synced); leave = from one member's close() (LeaveGroup) to the others' new assignments. The
   broker's group.initial.rebalance.delay.ms is 0 (Kafka: 3000), so the first member's
   JoinGroup completes a generation alone and the others' joins start further rebalances,
   which the members already in the group learn of from their next Heartbeat.
@@ -70,7 +70,7 @@ BROKERS = (0, 1, 2)
 OFFSETS_TOPIC = "__consumer_offsets"
 SETTINGS = {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "true",
             "leader.imbalance.check.interval.seconds": "1"}  # fmt: skip
-REBALANCE_TOPIC, REBALANCE_PARTITIONS = "bench-groups-rebalance", 8
+REBALANCE_TOPIC, REBALANCE_PARTITIONS = "bench-groups-rebalance", 12  # 10 members hold 1+
 FAILOVER_TOPIC, FAILOVER_PARTITIONS, FAILOVER_GROUP = (
     "bench-groups-failover",
     3,
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         "--clients", default=",".join(SAMPLERS), help="commit clients: confluent,kafka-python"
     )
     parser.add_argument(
-        "--members", default="1,4,8", help="group sizes for the rebalance part ('' for none)"
+        "--members", default="1,3,10", help="group sizes for the rebalance part ('' for none)"
     )
     parser.add_argument("--repeats", type=int, help="rebalance runs per group size")
     parser.add_argument("--kills", type=int, help="coordinator kills (0: none)")

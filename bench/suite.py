@@ -17,7 +17,7 @@ Steps, in order (limits first, while nothing else runs):
 - matrix: acks x RF x record size x partitions x client x filesystem; the open-loop
   latency-throughput curves; end-to-end latency at half the maximum rate.
 - failover: kill -9 of leaders and of the controller under acks=all load.
-- groups: OffsetCommit latency beside Produce, rebalance times of 1/4/8 members, kill -9 of a
+- groups: OffsetCommit latency beside Produce, rebalance times of 1/3/10 members, kill -9 of a
   group's coordinator while it consumes and commits.
 - cleaner: the log cleaner's MB/s, and acks=all latency without and while every replica cleans.
 - peers: NATS JetStream (3 nodes, R3 file stream) and Redis 7 (primary + 2 replicas, WAIT 2),

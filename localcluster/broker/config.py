@@ -71,6 +71,9 @@ class BrokerConfig:
     log_retention_bytes: int = _prop("log.retention.bytes", -1)
     log_retention_ms: int = _prop("log.retention.ms", 7 * 24 * 3600 * 1000)
     log_retention_check_interval_ms: int = _prop("log.retention.check.interval.ms", 300_000)
+    log_roll_ms: int = _prop("log.roll.ms", 7 * 24 * 3600 * 1000, "Kafka's log.roll.hours=168")
+    log_message_timestamp_type: str = _prop("log.message.timestamp.type", "CreateTime",
+                                            "CreateTime or LogAppendTime")  # fmt: skip
     log_flush_offset_checkpoint_interval_ms: int = _prop(
         "log.flush.offset.checkpoint.interval.ms", 60_000, "recovery-point checkpoint interval"
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from localcluster.replication import ready as r
 from localcluster.storage import (
+    LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CorruptRecordError,
@@ -103,13 +104,13 @@ class LogManager:
         checkpointed_hw = read_partition_offsets(
             self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT
         )
+        log_starts = read_partition_offsets(self.checkpoint_dir / LOG_START_OFFSET_CHECKPOINT)
         for path in sorted(self.data_dir.iterdir()):
             tp = parse_partition_dir(path.name) if path.is_dir() else None
             if tp is None:
                 continue
-            opened = Log.open(
-                path, self.log_config(None), recovery_point=recovery_points.get(tp, 0)
-            )
+            opened = Log.open(path, self.log_config(None), recovery_point=recovery_points.get(tp, 0),
+                              log_start_offset=log_starts.get(tp, 0))  # fmt: skip
             self.logs[tp] = opened
             self._open_producer_state(tp, opened)
             log.info("opened log %s-%d: offsets [%d, %d), checkpointed HW %s%s", tp[0], tp[1],
@@ -144,9 +145,17 @@ class LogManager:
                                 high_watermarks)  # fmt: skip
 
     def checkpoint_recovery_points(self) -> None:
-        """Flush every log, then record how far each is on disk."""
+        """Flush every log, then record how far each is on disk (and where each starts)."""
         points = {tp: lg.flush() for tp, lg in self.logs.items()}
         write_partition_offsets(self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT, points)
+        self.checkpoint_log_start_offsets()
+
+    def checkpoint_log_start_offsets(self) -> None:
+        """Kafka's log-start-offset-checkpoint. Written at once whenever DeleteRecords moves
+        a start (not only by the periodic checkpoint, as Kafka): a kill -9 right after the
+        answer must not bring the deleted records back."""
+        write_partition_offsets(self.checkpoint_dir / LOG_START_OFFSET_CHECKPOINT,
+                                {tp: lg.log_start_offset for tp, lg in self.logs.items()})  # fmt: skip
 
     def close(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
         """A clean shutdown: flush, both checkpoints, close every log."""
@@ -191,6 +200,8 @@ class LogManager:
         if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
             return verdict
         assert isinstance(verdict, ProducerAppendInfo)
+        if lg.config.log_append_time:  # Kafka's LogValidator: the leader's clock, new CRCs
+            records = rb.with_log_append_time(records, self.wall_clock_ms())
         segment = lg.active_segment.base_offset
         info = lg.append(records, leader_epoch)
         producers.state.apply(verdict)
@@ -212,6 +223,10 @@ class LogManager:
             lg.truncate_fully_and_start_at(action.offset)
             self.producer_states[action.tp].truncate_fully_and_start_at(action.offset)
             self.cleaner_checkpoints.truncate_to(action.tp, action.offset)
+        elif isinstance(action, r.IncrementLogStartOffset):
+            if lg.increment_log_start_offset(action.offset):
+                self.producer_states[action.tp].truncate_head(lg.log_start_offset)
+                self.checkpoint_log_start_offsets()
         else:
             assert isinstance(action, r.DeleteLog), action
             if lg is not None:

@@ -52,6 +52,8 @@ from localcluster.broker.network import (
     unix_listen,
 )
 from localcluster.broker.producer_ids import ProducerIdManager
+from localcluster.broker.reassignment_apis import ReassignmentApis
+from localcluster.broker.records_apis import RecordsApis
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.sasl_authenticator import (
@@ -229,6 +231,8 @@ class BrokerServer:
                                                   self.metadata.offsets_partition_count)  # fmt: skip
         apis.add_handlers(GroupApis(self.group_coordinator, self.metadata, c).handlers())
         apis.add_handlers(AdminApis(self.metadata, c).handlers())
+        apis.add_handlers(RecordsApis(self.replica_manager).handlers())
+        apis.add_handlers(ReassignmentApis(self.metadata).handlers())
         apis.on_replicas_changed = self.group_coordinator.on_replicas_changed
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(

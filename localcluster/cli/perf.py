@@ -179,23 +179,41 @@ def produce_command(topic, num_records, record_size, throughput, acks, config, c
 
 
 @perf.command("e2e")
+@click.option(
+    "--assignor",
+    default=None,
+    type=click.Choice(["range", "roundrobin", "cooperative-sticky"]),
+    help="With --group: the group's partition assignor (partition.assignment.strategy).",
+)
+@click.option(
+    "--group",
+    default=None,
+    metavar="GROUP",
+    help="Consume as a member of consumer group GROUP (localcluster's group consumer) "
+    "instead of assigning every partition; the load starts once the group is stable.",
+)
 @_load_options(1000)
 @_common
 def e2e_command(topic, num_records, record_size, throughput, acks, config, client, partitions,
-                replication_factor, cluster_dir, as_json):  # fmt: skip
+                replication_factor, cluster_dir, as_json, group, assignor):  # fmt: skip
     """Produce-to-consume latency: each value carries its send time; a consumer assigned to
-    every partition measures receive time - send time. Every acknowledged record must arrive."""
+    every partition (--group: given them by its group) measures receive time - send time.
+    Every acknowledged record must arrive."""
     from localcluster.tools.perf import E2E_HEADER
 
     _check_record_size(record_size, E2E_HEADER.size)
     _check_config(client, acks, config)
+    if assignor is not None and group is None:
+        raise click.UsageError("--assignor needs --group")
     result = _run(f"e2e {topic}", num_records, lambda progress: e2e(
         cluster_dir, topic, num_records, record_size, throughput=throughput, acks=acks, config=config,
-        client=client, partitions=partitions, replication_factor=replication_factor, progress=progress))  # fmt: skip
+        client=client, partitions=partitions, replication_factor=replication_factor, progress=progress,
+        group=group, assignor=assignor))  # fmt: skip
     _finish(result, as_json, [
         f"{result['records_sent']} records sent, {result['records_acked']} acknowledged, "
         f"{result['records_received']} received ({result['missing']} missing, {result['duplicates']} duplicates); "
-        f"{result['records_per_s']:.1f} records/s ({client} client, acks={result['acks']})",
+        f"{result['records_per_s']:.1f} records/s ({client} client, acks={result['acks']})"
+        + (f"; consumed in group {group}" if group else ""),
         _latency_line("end-to-end latency", result["e2e_latency_ms"]),
         _latency_line("produce latency", result["produce_latency_ms"]),
     ])  # fmt: skip

@@ -73,11 +73,17 @@ def produce(topic_name, key, key_separator, partition, acks, timeout_s, compress
 @click.option("--consumer-property", "properties", multiple=True, metavar="KEY=VALUE",
               callback=assignments("session.timeout.ms=10000"),
               help="A consumer setting, Kafka's name (repeatable; with --group).")  # fmt: skip
+@click.option("--assignor", default=None,
+              type=click.Choice(["range", "roundrobin", "cooperative-sticky"]),
+              help="The group's partition assignor (partition.assignment.strategy; default "
+                   "range,cooperative-sticky as Kafka's Java client: eager rebalancing). "
+                   "cooperative-sticky rebalances incrementally: members keep consuming the "
+                   "partitions they keep.")  # fmt: skip
 @dir_option
 @json_option
 @friendly
 def consume(topic_name, from_beginning, partitions, max_messages, idle_timeout_ms, print_key,
-            print_offset, group, properties, cluster_dir, as_json):  # fmt: skip
+            print_offset, group, properties, assignor, cluster_dir, as_json):  # fmt: skip
     """Print TOPIC's records, one per line (--json: one JSON object per line).
 
     With --group the partitions come from the group and --from-beginning applies only to
@@ -85,8 +91,10 @@ def consume(topic_name, from_beginning, partitions, max_messages, idle_timeout_m
     kafka-console-consumer.sh."""
     from localcluster.tools import cluster_admin
 
-    if group is None and properties:
-        raise click.UsageError("--consumer-property needs --group")
+    if group is None and (properties or assignor):
+        raise click.UsageError("--consumer-property and --assignor need --group")
+    if assignor is not None:
+        properties = {**properties, "partition.assignment.strategy": assignor}
     if group is not None and partitions:
         raise click.UsageError("--partition and --group are exclusive: the group assigns them")
     directory, spec = cluster_spec(cluster_dir)

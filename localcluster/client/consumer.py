@@ -254,9 +254,11 @@ class AsyncConsumer:
         return await self._group().committed(partitions)
 
     def set_group_assignment(self, positions: Mapping[TopicPartition, int | None]) -> None:
-        """The group coordinator's hook: replace the assignment at once, each partition at
-        its committed offset (None: by auto.offset.reset)."""
-        self._assignment = {tp: PartitionState(position=p) for tp, p in positions.items()}
+        """The group coordinator's hook: replace the assignment at once, each new partition at
+        its committed offset (None: by auto.offset.reset); a partition already assigned keeps
+        its state (cooperative rebalancing goes on consuming what it keeps)."""
+        self._assignment = {tp: self._assignment.get(tp) or PartitionState(position=p)
+                            for tp, p in positions.items()}  # fmt: skip
         self._ready.set()  # a waiting poll looks at the new assignment
 
     def consumed_positions(self) -> dict[TopicPartition, int]:

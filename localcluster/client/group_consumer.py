@@ -1,5 +1,5 @@
 """The consumer's side of a consumer group: Kafka's classic protocol as the Java client's
-ConsumerCoordinator speaks it (eager rebalancing).
+ConsumerCoordinator speaks it, with eager or incremental cooperative rebalancing (KIP-429).
 
 `ConsumerCoordinator` belongs to one AsyncConsumer that called `subscribe`. It finds the
 group's coordinator (FindCoordinator, again after COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR or
@@ -13,8 +13,15 @@ When things run:
 - A rebalance runs only from `poll` (as in Java: the application must be polling for its
   member to take part), as a task that outlives one poll's timeout, so a rebalance longer
   than the poll goes on in the background and the next poll waits for it again.
-- Before rejoining, a member that holds partitions commits its positions (enable.auto.commit)
-  and gives them all up (eager protocol: nothing is consumed during a rebalance).
+- Before rejoining, a member that holds partitions commits its positions (enable.auto.commit).
+  Eager protocol (any of range, roundrobin in partition.assignment.strategy): it gives them
+  all up, and nothing is consumed during the rebalance. Cooperative protocol
+  (cooperative-sticky alone): it keeps them, sends them as its owned partitions, and keeps
+  consuming them while the rebalance runs; the assignment then says what it loses (revoked:
+  committed, then dropped) and gains (fetched from their committed offsets), and a member
+  that revoked some joins again at once, so the second rebalance can hand them on. A member
+  that lost its generation (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION) has lost its partitions:
+  it drops them without committing, in both protocols.
 - Heartbeats run in their own task every heartbeat.interval.ms while the member is stable;
   REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID ask for a rejoin, which the
   next poll does. A member not polled for max.poll.interval.ms leaves the group (Java's rule).
@@ -43,7 +50,13 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.backoff import ExponentialBackoff
 from localcluster.client import group_requests
-from localcluster.client.assignors import ASSIGNORS, MemberSubscription, parse_strategy
+from localcluster.client.assignors import (
+    ASSIGNORS,
+    COOPERATIVE,
+    MemberSubscription,
+    parse_strategy,
+    rebalance_protocol,
+)
 from localcluster.client.connection import BrokerConnection, KafkaConnectionError, KafkaError
 from localcluster.client.group_requests import COORDINATOR_ERRORS
 from localcluster.client.metadata import TopicPartition
@@ -69,8 +82,9 @@ GROUP_DEFAULTS = {
     "max.poll.interval.ms": 300_000,
     "enable.auto.commit": True,
     "auto.commit.interval.ms": 5_000,
-    # librdkafka's default; the Java client's is range,cooperative-sticky (not spoken here)
-    "partition.assignment.strategy": "range,roundrobin",
+    # the Java client's default (3.x): eager with range, and ready to move to cooperative-sticky
+    # by a rolling restart without it (librdkafka's default is range,roundrobin)
+    "partition.assignment.strategy": "range,cooperative-sticky",
 }
 JOIN_EXTRA_TIMEOUT_MS = 5_000  # Java: a JoinGroup may wait the rebalance timeout, plus this
 QUICK_RETRIES = 5  # immediate rejoins in a row (MEMBER_ID_REQUIRED, ...) before backing off
@@ -123,6 +137,7 @@ class ConsumerCoordinator:
         self.group_id: str = c["group.id"]
         self.group_instance_id: str | None = c["group.instance.id"] or None
         self.assignors = parse_strategy(c["partition.assignment.strategy"])
+        self.rebalance_protocol = rebalance_protocol(self.assignors)
         self.subscription: tuple[str, ...] = tuple(sorted(set(topics)))
         self.member_id = ""
         self.generation_id = -1
@@ -209,6 +224,9 @@ class ConsumerCoordinator:
         if self.rejoin_needed or self.state is not MemberState.STABLE:
             if self._rebalance is None or self._rebalance.done():
                 self._rebalance = asyncio.get_running_loop().create_task(self._rebalance_loop())
+            if self.rebalance_protocol == COOPERATIVE and self.assigned:
+                return True  # consume what it holds while the rebalance runs (no auto commit:
+                # the coordinator refuses commits between JoinGroup and SyncGroup)
             try:
                 await asyncio.wait_for(asyncio.shield(self._rebalance), max(timeout_s, 0))
             except TimeoutError:
@@ -257,8 +275,8 @@ class ConsumerCoordinator:
 
     async def _join_once(self) -> bool:
         """One JoinGroup + SyncGroup round. True: stable with an assignment; False: the
-        coordinator asked to join again."""
-        await self._revoke()
+        coordinator asked to join again (or, cooperative, this member revoked partitions)."""
+        await self._prepare_join()
         self.state = MemberState.REBALANCING
         self.rejoin_needed = False  # a heartbeat's answer from here on asks again
         joined = await self._join_group()
@@ -272,19 +290,51 @@ class ConsumerCoordinator:
             return False
         return True
 
-    async def _revoke(self) -> None:
-        """Eager protocol: commit (auto commit) and give up every partition before joining."""
+    async def _prepare_join(self) -> None:
+        """Before JoinGroup: commit (auto commit); eager, give up every partition; cooperative,
+        only those of topics no longer subscribed."""
         if self._commit is not None:
             await asyncio.gather(self._commit, return_exceptions=True)
+        if self.assigned and self.generation_id < 0:
+            # the coordinator no longer knows this generation: the partitions may be someone
+            # else's already, and a commit would be refused (Java's onPartitionsLost)
+            log.info("group %s: partitions lost with the generation: %s", self.group_id,
+                     list(self.assigned))  # fmt: skip
+            self._drop(self.assigned)
+            return
         if self.assigned and self.config["enable.auto.commit"]:
             try:
                 await self.commit(None)
             except KafkaError as e:
                 log.warning("group %s: commit before the rebalance failed: %s", self.group_id, e)
-        if self.assigned:
-            log.info("group %s: revoking %s", self.group_id, list(self.assigned))
-        self.assigned = ()
-        self.consumer.set_group_assignment({})
+        if self.rebalance_protocol == COOPERATIVE:
+            wanted = set(self.subscription)
+            await self._revoke([tp for tp in self.assigned if tp[0] not in wanted], commit=False)
+        else:
+            await self._revoke(self.assigned, commit=False)
+
+    async def _revoke(self, partitions: Iterable[TopicPartition], commit: bool) -> None:
+        """Stop consuming `partitions`, then (commit and auto commit) commit where they got to,
+        before the rejoin that lets another member have them."""
+        partitions = list(partitions)
+        if not partitions:
+            return
+        log.info("group %s: revoking %s", self.group_id, partitions)
+        positions = self.consumer.consumed_positions()
+        self._drop(partitions)
+        offsets = {tp: positions[tp] for tp in partitions if tp in positions}
+        if commit and offsets and self.config["enable.auto.commit"]:
+            try:
+                await self.commit(offsets)
+            except KafkaError as e:
+                log.warning("group %s: commit of the revoked partitions failed: %s",
+                            self.group_id, e)  # fmt: skip
+
+    def _drop(self, partitions: Iterable[TopicPartition]) -> None:
+        gone = set(partitions)
+        self.assigned = tuple(tp for tp in self.assigned if tp not in gone)
+        positions = self.consumer.consumed_positions()
+        self.consumer.set_group_assignment({tp: positions.get(tp) for tp in self.assigned})
 
     async def _join_group(self):
         owned = _grouped(self.assigned)
@@ -348,13 +398,15 @@ class ConsumerCoordinator:
         subscriptions = []
         for member in members:
             try:
-                topics = decode_subscription(bytes(member.metadata)).topics
+                sub = decode_subscription(bytes(member.metadata))
             except ConsumerProtocolError as e:
                 log.warning("group %s: member %s sent a subscription that does not parse (%s)",
                             self.group_id, member.member_id, e)  # fmt: skip
-                topics = ()
-            subscriptions.append(MemberSubscription(member.member_id, tuple(topics),
-                                                    member.group_instance_id))  # fmt: skip
+                sub = Subscription(())
+            owned = tuple((t, p) for t, ps in sub.owned_partitions for p in ps)
+            subscriptions.append(MemberSubscription(member.member_id, tuple(sub.topics),
+                                                    member.group_instance_id, owned,
+                                                    sub.generation_id))  # fmt: skip
         topics = {t for s in subscriptions for t in s.topics}
         self.cluster.add_topics(topics)
         metadata = await self.cluster.refresh_metadata()
@@ -375,13 +427,21 @@ class ConsumerCoordinator:
                              ErrorCode.inconsistent_group_protocol) from None  # fmt: skip
         wanted = set(self.subscription)
         tps = [(t, p) for t, ps in assignment.assigned_partitions if t in wanted for p in ps]
-        committed = await self.committed(tps) if tps else {}
-        if self.rejoin_needed:
+        # eager: nothing is held here, every partition is new
+        revoked = [tp for tp in self.assigned if tp not in set(tps)]
+        if revoked:  # cooperative: give these up before anyone else may have them
+            await self._revoke(revoked, commit=True)
+            self._request_rejoin(f"revoked {len(revoked)} partition(s)")
+        added = [tp for tp in tps if tp not in set(self.assigned)]
+        committed = await self.committed(added) if added else {}
+        if self.rejoin_needed and not revoked:
             return
+        positions = self.consumer.consumed_positions()  # of the partitions kept
         self.consumer.set_group_assignment(
-            {tp: (committed.get(tp, -1) if committed.get(tp, -1) >= 0 else None) for tp in tps}
+            {tp: positions.get(tp) for tp in self.assigned}
+            | {tp: (committed.get(tp, -1) if committed.get(tp, -1) >= 0 else None) for tp in added}
         )
-        self._committed = {tp: o for tp, o in committed.items() if o >= 0}
+        self._committed.update({tp: o for tp, o in committed.items() if o >= 0})
         self.assigned = tuple(tps)
         self.state = MemberState.STABLE
         self.rebalances += 1
@@ -555,7 +615,8 @@ class ConsumerCoordinator:
             await asyncio.gather(self._rebalance, return_exceptions=True)
             self._coordinator_unknown("closing during a rebalance")
         try:
-            if self.state is MemberState.STABLE and self.config["enable.auto.commit"]:
+            # cooperative: a member closed mid-rebalance still holds (and commits) partitions
+            if self.assigned and self.generation_id >= 0 and self.config["enable.auto.commit"]:
                 try:
                     await asyncio.wait_for(self.commit(None), timeout_s)
                 except (KafkaError, TimeoutError) as e:

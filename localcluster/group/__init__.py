@@ -6,24 +6,20 @@ records.py holds Kafka's record layouts and `partition_for`; messages.py the req
 responses; metadata.py the group state machine; membership.py, rebalance.py and offsets.py the rules.
 """
 
-from localcluster.group.coordinator import (
-    Append,
-    GroupConfig,
-    GroupCoordinatorShard,
-    Reply,
-    Result,
-    ShardState,
-)
-from localcluster.group.records import describe_record, java_string_hash, partition_for
+from localcluster.lazy_exports import lazy_getattr
 
-__all__ = [
-    "Append",
-    "GroupConfig",
-    "GroupCoordinatorShard",
-    "Reply",
-    "Result",
-    "ShardState",
-    "describe_record",
-    "java_string_hash",
-    "partition_for",
-]
+# Where each name lives; each is imported on first use (lazy_exports.py says why).
+_EXPORTS = {
+    "Append": "localcluster.group.coordinator",
+    "GroupConfig": "localcluster.group.coordinator",
+    "GroupCoordinatorShard": "localcluster.group.coordinator",
+    "Reply": "localcluster.group.coordinator",
+    "Result": "localcluster.group.coordinator",
+    "ShardState": "localcluster.group.coordinator",
+    "describe_record": "localcluster.group.records",
+    "java_string_hash": "localcluster.group.records",
+    "partition_for": "localcluster.group.records",
+}
+__all__ = sorted(_EXPORTS)
+
+__getattr__ = lazy_getattr(globals(), _EXPORTS)

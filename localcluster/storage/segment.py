@@ -444,24 +444,7 @@ class LogSegment:
         return removed
 
     def _is_zero(self, start: int, stop: int) -> bool:
-        """True when bytes [start, stop) are all zero; holes of the sparse file are skipped."""
-        fd = self._file.fileno()
-        position = start
-        while position < stop:
-            try:
-                data = os.lseek(fd, position, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole remains
-                return True
-            if data >= stop:
-                return True
-            hole = min(os.lseek(fd, data, os.SEEK_HOLE), stop)
-            view = np.frombuffer(self._mm, dtype=np.uint8, count=hole - data, offset=data)
-            nonzero = view.any()
-            del view
-            if nonzero:
-                return False
-            position = hole
-        return True
+        return zeros_only(self._file.fileno(), self._mm, start, stop)
 
     def largest_timestamp(self) -> int | None:
         return self.index.largest_timestamp()
@@ -469,3 +452,24 @@ class LogSegment:
     def __repr__(self) -> str:
         return (f"LogSegment({self.path.name}, size={self.size}, "
                 f"offsets=[{self.base_offset}, {self.next_offset}))")  # fmt: skip
+
+
+def zeros_only(fd: int, mapping, start: int, stop: int) -> bool:
+    """True when bytes [start, stop) of the file `fd` (mapped whole as `mapping`) are all
+    zero. Holes of the sparse file are skipped, not read: a fresh segment is mostly hole."""
+    position = start
+    while position < stop:
+        try:
+            data = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole remains
+            return True
+        if data >= stop:
+            return True
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), stop)
+        view = np.frombuffer(mapping, dtype=np.uint8, count=hole - data, offset=data)
+        nonzero = view.any()
+        del view
+        if nonzero:
+            return False
+        position = hole
+    return True

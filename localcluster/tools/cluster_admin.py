@@ -1,15 +1,14 @@
 """What the CLI's data commands do: topics, produce, consume, elections, reassignment, up.
 
 Talks to brokers with localcluster's own client (bootstrapped from the registrations in the
-store, so it works with either backend) and writes Kafka's admin znodes for what the
-controller acts on: /admin/delete_topics/<t>, /admin/preferred_replica_election and
-/admin/reassign_partitions, in Kafka's JSON formats. Faults raise ClusterError with one line;
+store, so it works with either backend): elections and reassignments through the Admin API
+(ElectLeaders, AlterPartitionReassignments), and it writes /admin/delete_topics/<t> (Kafka's
+znode) for a topic deletion. Faults raise ClusterError with one line;
 nothing here prints except `consume`, which streams records to the given writer.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -274,32 +273,44 @@ def _partitions_for(client, target: str | None) -> list[tuple[str, int]]:
 
 
 def elect(spec: ClusterSpec, target: str | None, unclean: bool = False) -> dict:
-    """Write /admin/preferred_replica_election (Kafka's JSON), or our
-    /admin/unclean_leader_election in the same format; the controller elects."""
-    from localcluster.coord import NodeExistsError, paths
+    """ElectLeaders through our Admin client (preferred, or unclean); the controller elects and
+    the answer says per partition what happened (ELECTION_NOT_NEEDED: it leads already)."""
+    from localcluster.client import KafkaError
 
-    path = paths.UNCLEAN_LEADER_ELECTION if unclean else paths.PREFERRED_REPLICA_ELECTION
-    kind = "an unclean" if unclean else "a preferred replica"
     with cluster.store(spec) as client:
         chosen = _partitions_for(client, target)
-        if not chosen:
-            raise ClusterError("there are no partitions to elect leaders for; create a topic first")
-        body = {"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in chosen]}
-        try:
-            client.create(path, json.dumps(body).encode(), makepath=True)
-        except NodeExistsError:
-            raise ClusterError(f"{kind} election is already in progress; try again when {path} "
-                               "is gone") from None  # fmt: skip
         controller = cluster.controller_id(client)
+    if not chosen:
+        raise ClusterError("there are no partitions to elect leaders for; create a topic first")
+    admin = _admin(spec)
+    try:
+        results = admin.elect_leaders(chosen, unclean=unclean, timeout_ms=CLIENT_TIMEOUT_MS)
+    except KafkaError as e:
+        raise _kafka_error(e, "cannot elect leaders") from None
+    finally:
+        admin.close()
     return {
-        "partitions": [{"topic": t, "partition": p} for t, p in chosen],
+        "partitions": [{"topic": t, "partition": p, "error": _error_name(results.get((t, p), -1))}
+                       for t, p in chosen],
         "controller": controller,
-    }
+    }  # fmt: skip
+
+
+def _error_name(code: int) -> str | None:
+    from kio.schema.errors import ErrorCode
+
+    if code == 0:
+        return None
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return str(code)
 
 
 def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int]) -> dict:
-    """Write /admin/reassign_partitions in Kafka's format; the controller moves the replicas."""
-    from localcluster.coord import NodeExistsError, paths
+    """AlterPartitionReassignments through our Admin client: answered once the controller took
+    the target up; it moves the replicas (`localcluster status` shows RAR until done)."""
+    from localcluster.client import KafkaError
 
     if len(set(replicas)) != len(replicas):
         raise ClusterError(f"--replicas {','.join(map(str, replicas))} names a broker twice")
@@ -309,15 +320,15 @@ def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int])
                            f"brokers {', '.join(map(str, spec.brokers))}")  # fmt: skip
     with cluster.store(spec) as client:
         _partitions_for(client, f"{topic}:{partition}")
-        body = {"version": 1, "partitions": [
-            {"topic": topic, "partition": partition, "replicas": replicas}]}  # fmt: skip
-        try:
-            client.create(paths.REASSIGN_PARTITIONS, json.dumps(body).encode(), makepath=True)
-        except NodeExistsError:
-            raise ClusterError("a partition reassignment is already in progress; try again when "
-                               f"{paths.REASSIGN_PARTITIONS} is gone (`localcluster status` "
-                               "shows RAR)") from None  # fmt: skip
         controller = cluster.controller_id(client)
+    admin = _admin(spec)
+    try:
+        admin.alter_partition_reassignments({(topic, partition): replicas},
+                                            timeout_ms=CLIENT_TIMEOUT_MS)  # fmt: skip
+    except KafkaError as e:
+        raise _kafka_error(e, f"cannot reassign {topic}:{partition}") from None
+    finally:
+        admin.close()
     return {"topic": topic, "partition": partition, "replicas": replicas, "controller": controller}
 
 

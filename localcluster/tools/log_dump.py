@@ -18,7 +18,7 @@ from localcluster.metadata_types import OFFSETS_TOPIC
 from localcluster.storage import record_batch as rb
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
-from localcluster.storage.segment import SUFFIX
+from localcluster.storage.segment import SUFFIX, zeros_only
 
 
 def dump(directory: Path, show_records: bool = False, limit: int = 50) -> int:
@@ -86,8 +86,7 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int,
         if limit and shown > limit:
             console.print(f"... {shown - limit} more batches")
         if problem is not None:
-            tail = mm[position:size]
-            if tail.count(0) == len(tail):
+            if zeros_only(f.fileno(), mm, position, size):
                 console.print(f"{size - position} bytes of preallocated zeros follow position "
                               f"{position}")  # fmt: skip
             else:

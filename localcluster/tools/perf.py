@@ -50,6 +50,7 @@ from localcluster.tools.load import Latency, LoadPool, Pacer
 FLUSH_TIMEOUT_S = 120.0
 STOPPED_FLUSH_TIMEOUT_S = 1.0
 E2E_DRAIN_TIMEOUT_S = 30.0
+E2E_JOIN_TIMEOUT_S = 30.0  # e2e --group: the consumer's group stable with every partition
 FAILOVER_WINDOW_TIMEOUT_S = 60.0
 RECOVER_TIMEOUT_S = 90.0
 CONSUME_TIMEOUT_S = 60.0
@@ -458,8 +459,12 @@ def _sigterm_as_interrupt():
 def e2e(cluster_dir: Path | str | None, topic: str, num_records: int, record_size: int, *,
         throughput: float = 1000, acks: str = "all", config: dict[str, str] | None = None,
         client: str = "own", partitions: int | None = None, replication_factor: int | None = None,
-        progress: Progress | None = None) -> dict:  # fmt: skip
-    """Produce-to-consume latency of `num_records` records (each at least E2E_HEADER.size bytes)."""
+        progress: Progress | None = None, group: str | None = None,
+        assignor: str | None = None) -> dict:  # fmt: skip
+    """Produce-to-consume latency of `num_records` records (each at least E2E_HEADER.size bytes).
+    With `group` the consumer subscribes as a member of that consumer group (our group
+    consumer, `assignor` its partition.assignment.strategy) instead of assigning itself every
+    partition; the load starts once the group is stable with every partition."""
     assert client in CLIENTS and num_records > 0 and record_size >= E2E_HEADER.size
     settings = producer_config(client, acks, config)
     target = open_target(cluster_dir)
@@ -495,10 +500,16 @@ def e2e(cluster_dir: Path | str | None, topic: str, num_records: int, record_siz
 
         infos = await ensure_topic(target, topic, partitions, replication_factor)
         tps = [(topic, p.partition) for p in infos]
-        async with AsyncConsumer(**target.client_kwargs(), auto_offset_reset="latest",
+        group_settings = {"group.id": group} if group else {}
+        if group and assignor:
+            group_settings["partition.assignment.strategy"] = assignor
+        async with AsyncConsumer(group_settings, **target.client_kwargs(), auto_offset_reset="latest",
                                  fetch_max_wait_ms=100) as consumer:  # fmt: skip
-            await consumer.assign(tps)
-            await consumer.seek_to_end(tps)
+            if group:
+                await _join_group(consumer, topic, tps)
+            else:
+                await consumer.assign(tps)
+                await consumer.seek_to_end(tps)
             for tp in tps:
                 await consumer.position(tp)
             enough = asyncio.Event()
@@ -524,7 +535,7 @@ def e2e(cluster_dir: Path | str | None, topic: str, num_records: int, record_siz
 
     infos = _run(main())
     missing = len(acked_sequences - seen.keys())
-    out = {"command": "e2e", "client": client, "topic": topic, "partitions": len(infos),
+    out = {"command": "e2e", "client": client, "topic": topic, "group": group, "partitions": len(infos),
            "replication_factor": len(infos[0].replicas) if infos else None, "acks": settings["acks"],
            "record_size": record_size, "num_records": num_records, "target_throughput": throughput,
            "producer_config": settings, **load.result(),
@@ -534,6 +545,29 @@ def e2e(cluster_dir: Path | str | None, topic: str, num_records: int, record_siz
     out["mb_per_s"] = round(out["records_per_s"] * record_size / 1e6, 3)
     out["ok"] = load.errors == 0 and missing == 0 and load.acked == num_records
     return out
+
+
+async def _join_group(consumer, topic: str, tps: list) -> None:
+    """Subscribe and poll until the group gave this consumer every partition (records of
+    earlier runs read meanwhile are not this run's)."""
+    from localcluster.client.group_consumer import MemberState
+
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + E2E_JOIN_TIMEOUT_S
+    while True:
+        await consumer.poll(100)
+        member = consumer.coordinator
+        if (
+            member.state is MemberState.STABLE
+            and not member.rejoin_needed
+            and set(consumer.assignment()) == set(tps)
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise cluster.ClusterError(
+                f"group {member.group_id}: this consumer did not get every partition of {topic} "
+                f"within {E2E_JOIN_TIMEOUT_S:.0f} s (has {sorted(consumer.assignment())}); "
+                "are other members in the group?")  # fmt: skip
 
 
 # -- perf failover ------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_topics_produce_consume(cli):
     assert "producer id" in cli.run("topic", "producers", "orders", check=True).stdout
 
 
-def test_elect_reassign_and_delete_write_the_admin_znodes(cli):
+def test_elect_reassign_and_delete_through_the_admin_api(cli):
     cli.run("topic", "create", "moves", "-p", "1", "-r", "2", check=True)
     result = cli.run("elect", "--preferred", "moves", check=True)
     assert "preferred replica election requested for 1 partitions" in result.stdout

@@ -90,6 +90,23 @@ def test_e2e_confluent_producer(cli):
     check_latency(r["e2e_latency_ms"], 500)
 
 
+def test_e2e_consumes_through_a_group(cli):
+    r = perf_json(cli, "e2e", "--topic", "e2e-group", "--num-records", "500", "--record-size", "64",
+                  "--throughput", "1000", "--partitions", "2", "--group", "perf-e2e",
+                  "--assignor", "cooperative-sticky")  # fmt: skip
+    assert r["group"] == "perf-e2e" and r["ok"] is True
+    assert r["records_received"] == 500 and r["missing"] == 0
+    check_latency(r["e2e_latency_ms"], 500)
+    from localcluster.client import Admin
+
+    with Admin(bootstrap_servers=cli.status()["bootstrap_servers"]) as admin:
+        described = admin.describe_group("perf-e2e")
+        committed = admin.list_group_offsets("perf-e2e")
+    assert described.state == "Empty"  # the member left when the run ended
+    # it committed what it read (plus each partition's connection record, not this run's)
+    assert sum(committed.values()) >= 500
+
+
 def test_failover_leader_then_controller(cli):
     r = perf_json(cli, "failover", "--topic", "fo", "--kills", "2", "--throughput", "500")
     assert r["command"] == "failover" and r["target"] == "leader" and r["ok"] is True, r

@@ -40,6 +40,7 @@ LAYERS = (
     ("localcluster.metadata_types", "base"),
     ("localcluster.waiting", "base"),
     ("localcluster.topic_config", "base"),
+    ("localcluster.lazy_exports", "base"),
     ("localcluster.backoff", "base"),
     ("localcluster.tasks", "base"),
 )

@@ -36,10 +36,12 @@ def test_a_state_change_is_one_json_line_with_its_fields_and_a_message(log_path)
 
 
 def test_chaos_check_reads_the_events_back_and_skips_torn_lines(log_path, tmp_path):
-    scl.log_state_change(r.Leading(("t", 1), 5, (2,), 0, 7, 7))
-    scl.log_state_change(r.Leading(("other", 0), 1, (2,), 0, 0, 0))
+    # In the order a cluster writes them: the election, then the leader's answer to it (the
+    # two may land in the same millisecond, or in two when the machine is busy).
     scl.write_event("elected", {"topic": "t", "partition": 1, "leader": 2, "leader_epoch": 5,
                                 "isr": [2], "election": "offline", "unclean": True}, "elected")  # fmt: skip
+    scl.log_state_change(r.Leading(("t", 1), 5, (2,), 0, 7, 7))
+    scl.log_state_change(r.Leading(("other", 0), 1, (2,), 0, 0, 0))
     with open(log_path, "a") as f:
         f.write('{"event": "leading", "topic": "t", "parti')  # a torn last line
     events = chaos_check.broker_log_events(tmp_path, [1, 2], "t")
