@@ -139,6 +139,10 @@ def prefill(bootstrap: str, megabytes: int, timestamp_ms: int) -> int:
     return sent
 
 
+def _log_bytes(broker, name: str) -> int:
+    return sum(p.stat().st_size for p in (broker.data_dir / name).glob("*.log"))
+
+
 def cleaner_lines(brokers) -> list[dict]:
     out = []
     for broker in brokers:
@@ -173,6 +177,10 @@ def broker_run(prefill_mb: int, window_s: float, rate: int) -> dict:
         hold_until_ms = int((fill_started + 3 * window_s + 15) * 1000)
         filled = prefill(boot, prefill_mb, hold_until_ms)
         fill_s = time.time() - fill_started
+        # the followers' copies complete (acks=1 left them behind) before anything is timed
+        deadline = time.monotonic() + 20  # bounded: segment boundaries may differ a little
+        while time.monotonic() < deadline and len({_log_bytes(b, "dirty-0") for b in brokers}) > 1:
+            time.sleep(0.1)
         without = produce_paced(boot, "load", window_s, rate)
         while time.time() * 1000 < hold_until_ms + 50:  # the scheduled start of the cleaning
             time.sleep(0.01)
