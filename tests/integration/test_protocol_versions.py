@@ -48,10 +48,20 @@ def broker(tmp_path_factory):
                        for name in (TOPIC, DELETED)], "timeout": 10_000}))  # fmt: skip
         assert [t.error_code for t in created.topics] == [0, 0], created
         batch = encode_batch([Record(b"%d" % i) for i in range(4)])
-        produced = raw.request(ApiKey.PRODUCE, 8, produce.write_produce_request(
-            produce.ProduceRequest(None, -1, 10_000, [
-                (DELETED, [produce.ProducePartition(0, memoryview(batch))])]), 8))  # fmt: skip
-        assert produced.responses[0].partition_responses[0].error_code == 0, produced
+        answers = []
+
+        def produced() -> bool:
+            # A client retries a leader that has not taken the new partition up yet (the
+            # broker answers CreateTopics once the store has its state, before a broker that
+            # has had no UpdateMetadata yet has seen its LeaderAndIsr).
+            answer = raw.request(ApiKey.PRODUCE, 8, produce.write_produce_request(
+                produce.ProduceRequest(None, -1, 10_000, [
+                    (DELETED, [produce.ProducePartition(0, memoryview(batch))])]), 8))  # fmt: skip
+            answers.append(answer.responses[0].partition_responses[0].error_code)
+            assert answers[-1] in (0, 3, 6), answer  # none, or retriable until the leader has it
+            return answers[-1] == 0
+
+        wait_until(produced, timeout_s=15, interval_s=0.05, message="the fixture's produce")
         wait_for_group_coordinator(raw)
         raw.close()
         yield broker
