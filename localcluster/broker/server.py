@@ -259,7 +259,9 @@ class BrokerServer:
             self.controller.start()
         self._tasks = [
             loop.create_task(self._watch_session()),
-            loop.create_task(follow_config_changes(self.metadata, self.replica_manager)),
+            loop.create_task(follow_config_changes(
+                self.metadata, self.replica_manager,
+                self.controller and self.controller.enable_topic_unclean_leader_election)),
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
