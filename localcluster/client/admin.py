@@ -65,6 +65,21 @@ DEFAULTS = {
 }
 
 
+# DescribeConfigs' config_source codes, by Kafka's names (DescribeConfigsResponse.ConfigSource)
+CONFIG_SOURCES = {0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG",
+                  3: "DYNAMIC_DEFAULT_BROKER_CONFIG", 4: "STATIC_BROKER_CONFIG",
+                  5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigValue:
+    """One config as DescribeConfigs answers it: its value and where that value comes from."""
+
+    value: str | None
+    source: str  # a CONFIG_SOURCES name: DYNAMIC_TOPIC_CONFIG for a topic's override
+    read_only: bool
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterDescription:
     cluster_id: str | None
@@ -214,13 +229,27 @@ class AsyncAdmin:
             check_error(result.error_code, f"delete topic {result.name!r}",
                         getattr(result, "error_message", None))  # fmt: skip
 
-    async def describe_configs(self, topic: str) -> dict[str, str | None]:
-        """A topic's effective configs {name: value} (DescribeConfigs)."""
+    async def describe_configs(self, topic: str) -> dict[str, ConfigValue]:
+        """A topic's effective configs, each with its source (DescribeConfigs)."""
         answer = await self._ask(ApiKey.DESCRIBE_CONFIGS, {"resources": [
             {"resource_type": 2, "resource_name": topic, "configuration_keys": None}]})  # fmt: skip
         (result,) = answer.results
         check_error(result.error_code, f"describe configs of {topic!r}", result.error_message)
-        return {c.name: c.value for c in result.configs}
+        return {c.name: ConfigValue(c.value, CONFIG_SOURCES.get(c.config_source, "UNKNOWN"),
+                                    c.read_only)
+                for c in result.configs}  # fmt: skip
+
+    async def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str],
+                                  delete: list[str] = ()) -> None:  # fmt: skip
+        """Set and delete overrides of a topic's config (IncrementalAlterConfigs SET and
+        DELETE); the broker validates the result as CreateTopics does (INVALID_CONFIG)."""
+        operations = ([{"name": k, "config_operation": 0, "value": str(v)}
+                       for k, v in set_configs.items()]
+                      + [{"name": k, "config_operation": 1, "value": None} for k in delete])  # fmt: skip
+        answer = await self._ask(ApiKey.INCREMENTAL_ALTER_CONFIGS, {"validate_only": False,
+            "resources": [{"resource_type": 2, "resource_name": topic, "configs": operations}]})  # fmt: skip
+        (result,) = answer.responses
+        check_error(result.error_code, f"alter configs of {topic!r}", result.error_message)
 
     async def delete_records(self, offsets: Mapping[TopicPartition, int],
                              timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip
@@ -509,8 +538,12 @@ class Admin:
     def delete_topics(self, names: list[str], timeout_ms: int | None = None) -> None:
         self._thread.run(self._admin.delete_topics(names, timeout_ms))
 
-    def describe_configs(self, topic: str) -> dict[str, str | None]:
+    def describe_configs(self, topic: str) -> dict[str, ConfigValue]:
         return self._thread.run(self._admin.describe_configs(topic))
+
+    def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str],
+                            delete: list[str] = ()) -> None:  # fmt: skip
+        self._thread.run(self._admin.alter_topic_configs(topic, set_configs, delete))
 
     def delete_records(self, offsets: Mapping[TopicPartition, int],
                        timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip

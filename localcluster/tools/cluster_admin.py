@@ -93,16 +93,39 @@ def list_topics(spec: ClusterSpec) -> list[str]:
 
 
 def describe_topic(spec: ClusterSpec, name: str) -> dict:
+    """Partitions, and every config with its value and source (kafka-configs --describe --all)."""
     from localcluster.client import KafkaError
 
     admin = _admin(spec)
     try:
         description = admin.describe_topic(name)
+        configs = admin.describe_configs(name)
     except KafkaError as e:
         raise _kafka_error(e, f"cannot describe topic {name!r}") from None
     finally:
         admin.close()
-    return describe_rows(description)
+    described = describe_rows(description)
+    described["configs"] = [{"name": k, "value": v.value, "source": v.source,
+                             "read_only": v.read_only} for k, v in sorted(configs.items())]  # fmt: skip
+    return described
+
+
+def alter_topic(spec: ClusterSpec, name: str, set_configs: dict[str, str],
+                delete: list[str]) -> dict:  # fmt: skip
+    """Set and delete a topic's config overrides; the topic's overrides afterwards."""
+    from localcluster.client import KafkaError
+
+    admin = _admin(spec)
+    try:
+        admin.alter_topic_configs(name, set_configs, delete)
+        configs = admin.describe_configs(name)
+    except KafkaError as e:
+        raise _kafka_error(e, f"cannot alter the config of topic {name!r}") from None
+    finally:
+        admin.close()
+    overrides = {k: v.value for k, v in sorted(configs.items())
+                 if v.source == "DYNAMIC_TOPIC_CONFIG"}  # fmt: skip
+    return {"topic": name, "set": set_configs, "deleted": delete, "overrides": overrides}
 
 
 def describe_producers(spec: ClusterSpec, name: str) -> dict:

@@ -103,6 +103,36 @@ def test_elect_reassign_and_delete_through_the_admin_api(cli):
     )
 
 
+def test_topic_configs_are_shown_with_their_source_and_altered_live(cli):
+    cli.run("topic", "create", "tuned", "--config", "retention.ms=100000", check=True)
+
+    def configs() -> dict:
+        return {c["name"]: (c["value"], c["source"])
+                for c in cli.json("topic", "describe", "tuned")["configs"]}  # fmt: skip
+
+    before = configs()
+    assert before["retention.ms"] == ("100000", "DYNAMIC_TOPIC_CONFIG")
+    assert before["segment.bytes"][1] in ("STATIC_BROKER_CONFIG", "DEFAULT_CONFIG")
+    shown = cli.run("topic", "describe", "tuned", check=True).stdout
+    assert "configs set on the topic" in shown and "retention.ms" in shown
+    assert "segment.bytes" not in shown  # only overrides unless --all-configs
+    assert "segment.bytes" in cli.run("topic", "describe", "tuned", "--all-configs",
+                                      check=True).stdout  # fmt: skip
+
+    result = cli.run("topic", "alter", "tuned", "--config", "max.message.bytes=200000",
+                     "--delete-config", "retention.ms", check=True)  # fmt: skip
+    assert "its overrides now: max.message.bytes=200000" in result.stdout
+    after = configs()
+    assert after["max.message.bytes"] == ("200000", "DYNAMIC_TOPIC_CONFIG")
+    assert after["retention.ms"][1] != "DYNAMIC_TOPIC_CONFIG"
+
+    # a bad value: one line naming the property, and nothing changes
+    line = one_line_error(cli.run("topic", "alter", "tuned", "--config", "retention.ms=-2"))
+    assert "retention.ms=-2" in line
+    assert configs() == after
+    assert cli.run("topic", "alter", "tuned").returncode == 2  # nothing to change: usage
+
+
 def test_kill_start_shutdown_and_signals(cli):
     cli.run("topic", "create", "kills", "-p", "1", "-r", "3", check=True)
     leader = cli.json("topic", "describe", "kills")["partitions"][0]["leader"]
