@@ -21,6 +21,7 @@ Steps, in order (limits first, while nothing else runs):
   group's coordinator while it consumes and commits.
 - scaling: acks=all against partitions (1-3,000) and brokers (3-9); `up` and controller failover
   against partitions (100-10,000 on 5 brokers).
+- cleaner: the log cleaner's MB/s, and acks=all latency without and while every replica cleans.
 - peers: NATS JetStream (3 nodes, R3 file stream) and Redis 7 (primary + 2 replicas, WAIT 2),
   set up, measured and torn down; skipped with the reason when not installed.
 - coord, startup, and (full run only) broker: the coordination store, `up -n 5`, RF 1 fetch.
@@ -47,6 +48,7 @@ STEPS: dict[str, tuple[str, int, int, bool]] = {
     "failover": ("bench.failover", 900, 120, True),
     "groups": ("bench.groups", 400, 120, True),
     "scaling": ("bench.scaling", 3600, 180, True),
+    "cleaner": ("bench.cleaner", 300, 120, True),
     "peers": ("bench.suite --peers-step", 300, 120, True),
     "coord": ("bench.coord", 300, 120, True),
     "startup": ("bench.startup", 300, 120, True),

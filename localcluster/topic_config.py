@@ -14,7 +14,12 @@ Kafka's names, types and ranges (its LogConfig). Supported and enforced here:
 - `retention.ms`, `retention.bytes` (-1: no limit), `segment.bytes`;
 - `max.message.bytes` (a larger batch gets MESSAGE_TOO_LARGE), `min.insync.replicas` (at most
   the replication factor when it is known: above it no acks=all produce could ever succeed),
-  `unclean.leader.election.enable`.
+  `unclean.leader.election.enable`;
+- `min.compaction.lag.ms`, `delete.retention.ms`, `min.cleanable.dirty.ratio`: the log
+  cleaner's (storage/cleaner.py), read only for compacted topics;
+- `segment.ms` (the active segment rolls once a batch, or the retention check's clock, is this
+  much newer than its first batch), `message.timestamp.type` (LogAppendTime: the leader stamps
+  each batch with its clock, as Kafka).
 Imports nothing of the broker: its defaults come in as any object with BrokerConfig's fields.
 """
 
@@ -31,6 +36,7 @@ INVALID_CONFIG = 40
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 CLEANUP_POLICIES = ("delete", "compact")
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")  # Kafka's spelling, case-sensitive as there
 # Below this a segment cannot hold one batch header plus a record (our segments are maps).
 MIN_SEGMENT_BYTES = 1024
 
@@ -50,6 +56,13 @@ class TopicConfig:
     max_message_bytes: int
     min_insync_replicas: int
     unclean_leader_election_enable: bool
+    # the log cleaner's (compacted topics only)
+    min_compaction_lag_ms: int
+    delete_retention_ms: int
+    min_cleanable_dirty_ratio: float
+    # the log's roll and the leader's timestamps
+    segment_ms: int
+    message_timestamp_type: str
 
     @property
     def deletes(self) -> bool:
@@ -59,6 +72,10 @@ class TopicConfig:
     @property
     def compacts(self) -> bool:
         return "compact" in self.cleanup_policy
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
 
 
 def _integer(low: int, high: int) -> Callable[[str, str], int]:
@@ -77,10 +94,26 @@ def _integer(low: int, high: int) -> Callable[[str, str], int]:
     return parse
 
 
+def _ratio(name: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: expected a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={value}: must be in [0, 1]")
+    return value
+
+
 def _boolean(name: str, text: str) -> bool:
     if text.strip().lower() not in ("true", "false"):
         raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: expected true or false")
     return text.strip().lower() == "true"
+
+
+def _timestamp_type(name: str, text: str) -> str:
+    if text.strip() not in TIMESTAMP_TYPES:
+        raise TopicConfigError(INVALID_CONFIG, f"{name}={text!r}: use CreateTime or LogAppendTime")
+    return text.strip()
 
 
 def _policy(name: str, text: str) -> tuple[str, ...]:
@@ -102,11 +135,12 @@ class _Spec:
     documentation: str
 
 
-BOOLEAN, STRING, INT, LONG, LIST = (
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = (
     1,
     2,
     3,
     5,
+    6,
     7,
 )  # Kafka's ConfigDef.Type, as DescribeConfigs numbers them
 
@@ -115,7 +149,7 @@ SPECS: dict[str, _Spec] = {
                             lambda b: _policy("log.cleanup.policy", b.log_cleanup_policy),
                             "log.cleanup.policy", LIST,
                             "delete: old segments go by retention; compact: the log cleaner keeps "
-                            "the last record per key (not implemented yet: nothing is deleted)"),
+                            "the last record per key (storage/cleaner.py)"),
     "retention.ms": _Spec("retention_ms", _integer(-1, INT64_MAX), lambda b: b.log_retention_ms,
                           "log.retention.ms", LONG,
                           "delete a segment once its newest record is this old (-1: never)"),
@@ -135,6 +169,29 @@ SPECS: dict[str, _Spec] = {
         "unclean_leader_election_enable", _boolean, lambda b: b.unclean_leader_election_enable,
         "unclean.leader.election.enable", BOOLEAN,
         "elect an out-of-sync replica when no in-sync one is alive (may lose records)"),
+    # -- the log cleaner (storage/cleaner.py): read only when cleanup.policy holds compact --
+    "min.compaction.lag.ms": _Spec("min_compaction_lag_ms", _integer(0, INT64_MAX),
+                                   lambda b: b.log_cleaner_min_compaction_lag_ms,
+                                   "log.cleaner.min.compaction.lag.ms", LONG,
+                                   "a record stays uncompacted at least this long"),
+    "delete.retention.ms": _Spec("delete_retention_ms", _integer(0, INT64_MAX),
+                                 lambda b: b.log_cleaner_delete_retention_ms,
+                                 "log.cleaner.delete.retention.ms", LONG,
+                                 "a tombstone (null value) stays this long after its segment "
+                                 "was first cleaned"),
+    "min.cleanable.dirty.ratio": _Spec("min_cleanable_dirty_ratio", _ratio,
+                                       lambda b: b.log_cleaner_min_cleanable_ratio,
+                                       "log.cleaner.min.cleanable.ratio", DOUBLE,
+                                       "clean a log once this share of it is dirty"),
+    # -- segment.ms and message.timestamp.type ---------------------------------------------------
+    "segment.ms": _Spec("segment_ms", _integer(1, INT64_MAX), lambda b: b.log_roll_ms,
+                        "log.roll.ms", LONG,
+                        "roll the active segment once its first batch is this old"),
+    "message.timestamp.type": _Spec(
+        "message_timestamp_type", _timestamp_type,
+        lambda b: _timestamp_type("log.message.timestamp.type", b.log_message_timestamp_type),
+        "log.message.timestamp.type", STRING,
+        "CreateTime keeps the producer's timestamps; LogAppendTime: the leader's clock"),
 }  # fmt: skip
 
 
@@ -146,11 +203,10 @@ def validate(overrides: Mapping[str, str | None], replication_factor: int | None
         raise TopicConfigError(INVALID_CONFIG, f"unknown topic config {', '.join(unknown)}; "
                                                f"known here: {', '.join(sorted(SPECS))}")  # fmt: skip
     out = {}
-    for name, text in overrides.items():
-        if text is None:
+    for name, given in overrides.items():
+        if given is None:
             raise TopicConfigError(INVALID_CONFIG, f"{name}: a value is required")
-        value = SPECS[name].parse(name, str(text))
-        out[name] = ",".join(value) if isinstance(value, tuple) else str(value).lower()
+        out[name] = text(SPECS[name].parse(name, str(given)))  # CreateTime keeps its case
     min_isr = out.get("min.insync.replicas")
     if min_isr is not None and replication_factor is not None and int(min_isr) > replication_factor:
         raise TopicConfigError(INVALID_CONFIG, f"min.insync.replicas={min_isr} is above the "

@@ -1,5 +1,6 @@
 """Admin APIs beside CreateTopics: DeleteTopics, CreatePartitions, ElectLeaders, DescribeConfigs,
-AlterConfigs and IncrementalAlterConfigs.
+AlterConfigs, IncrementalAlterConfigs and DescribeCluster (DeleteRecords and DescribeLogDirs,
+answered from the logs: records_apis.py).
 
 - DeleteTopics (v1-v6) asks the controller as ZooKeeper-mode Kafka does (a znode under
   /admin/delete_topics) and answers when the topic is gone from the store or its timeout
@@ -32,6 +33,10 @@ AlterConfigs and IncrementalAlterConfigs.
   property, nothing written), then written with a change notification, as ZooKeeper-mode Kafka
   does; every broker applies it live (broker/config_changes.py). validate_only writes nothing.
   Broker resources are refused: no broker property changes live here.
+- DescribeCluster (v0-v1) answers the live brokers on the request's listener, the controller
+  id from the store and the cluster id; authorized operations are Kafka's "not asked"
+  (INT32_MIN) unless asked, then every cluster operation (nothing is denied here). Only
+  endpoint type 1 (brokers) exists in ZooKeeper mode: another gets UNSUPPORTED_ENDPOINT_TYPE.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
 # DescribeConfigs' config_source values (Kafka's DescribeConfigsResponse.ConfigSource)
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 UNKNOWN_TOPIC_ID = 100
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)  # Kafka's Int32.MinValue: not asked
+# Kafka's cluster operations (AclOperation codes): CREATE 4, CLUSTER_ACTION 7, DESCRIBE_CONFIGS 8,
+# ALTER_CONFIGS 9, IDEMPOTENT_WRITE 10, ALTER 11 (bit n set for code n), DESCRIBE 12.
+CLUSTER_OPERATIONS = sum(1 << code for code in (4, 7, 8, 9, 10, 11, 12))
+BROKERS_ENDPOINT = 1
 _BROKER_DEFAULTS = BrokerConfig()
 
 
@@ -70,7 +80,8 @@ class AdminApis:
                 ApiKey.ELECT_LEADERS: self.handle_elect_leaders,
                 ApiKey.DESCRIBE_CONFIGS: self.handle_describe_configs,
                 ApiKey.ALTER_CONFIGS: self.handle_alter_configs,
-                ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs}  # fmt: skip
+                ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs,
+                ApiKey.DESCRIBE_CLUSTER: self.handle_describe_cluster}  # fmt: skip
 
     @staticmethod
     def _decode(header, reader):
@@ -87,6 +98,29 @@ class AdminApis:
         if not legal_topic(name):
             return None
         return await asyncio.to_thread(self.metadata.zk.assignment, name)
+
+    # -- DescribeCluster ------------------------------------------------------------------------
+
+    async def handle_describe_cluster(self, header, reader, context) -> bytes:
+        request = self._decode(header, reader)
+        endpoint_type = getattr(request, "endpoint_type", BROKERS_ENDPOINT)
+        if endpoint_type != BROKERS_ENDPOINT:
+            return self._encode(header, {
+                "error_code": ErrorCode.unsupported_endpoint_type, "endpoint_type": endpoint_type,
+                "error_message": "ZooKeeper mode has no controller endpoints: ask for brokers (1)",
+                "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})  # fmt: skip
+        zk = self.metadata.zk
+        live, controller, cluster_id = await asyncio.to_thread(
+            lambda: (zk.live_brokers(), zk.controller_id(), zk.cluster_id()))  # fmt: skip
+        brokers, _ = self.metadata.brokers_on(context.listener, live)
+        operations = (CLUSTER_OPERATIONS if request.include_cluster_authorized_operations
+                      else AUTHORIZED_OPERATIONS_OMITTED)  # fmt: skip
+        return self._encode(header, {
+            "error_code": 0, "endpoint_type": BROKERS_ENDPOINT, "cluster_id": cluster_id,
+            "controller_id": -1 if controller is None else controller,
+            "brokers": [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"],
+                         "rack": b["rack"]} for b in brokers],
+            "cluster_authorized_operations": operations})  # fmt: skip
 
     # -- DeleteTopics --------------------------------------------------------------------------
 

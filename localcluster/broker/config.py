@@ -71,9 +71,22 @@ class BrokerConfig:
     log_retention_bytes: int = _prop("log.retention.bytes", -1)
     log_retention_ms: int = _prop("log.retention.ms", 7 * 24 * 3600 * 1000)
     log_retention_check_interval_ms: int = _prop("log.retention.check.interval.ms", 300_000)
+    log_roll_ms: int = _prop("log.roll.ms", 7 * 24 * 3600 * 1000, "Kafka's log.roll.hours=168")
+    log_message_timestamp_type: str = _prop("log.message.timestamp.type", "CreateTime",
+                                            "CreateTime or LogAppendTime")  # fmt: skip
     log_flush_offset_checkpoint_interval_ms: int = _prop(
         "log.flush.offset.checkpoint.interval.ms", 60_000, "recovery-point checkpoint interval"
     )
+    # The log cleaner (broker/log_cleaner.py, storage/cleaner.py): Kafka's names and defaults
+    # but the backoff. Kafka's cleaner threads sleep 15 s when no log is dirty enough; a local
+    # cluster's compacted topics are small and tests and demos want to see them cleaned within
+    # a second or two, and a check that finds nothing reads only segment sizes (no I/O).
+    log_cleaner_enable: bool = _prop("log.cleaner.enable", True)
+    log_cleaner_backoff_ms: int = _prop("log.cleaner.backoff.ms", 1_000,
+                                        "pause between checks when no log is dirty enough")  # fmt: skip
+    log_cleaner_min_compaction_lag_ms: int = _prop("log.cleaner.min.compaction.lag.ms", 0)
+    log_cleaner_delete_retention_ms: int = _prop("log.cleaner.delete.retention.ms", 86_400_000)
+    log_cleaner_min_cleanable_ratio: float = _prop("log.cleaner.min.cleanable.ratio", 0.5)
     message_max_bytes: int = _prop("message.max.bytes", 1048588)
     producer_id_expiration_ms: int = _prop("producer.id.expiration.ms", 86_400_000)
     # The group coordinator (broker/group_coordinator.py), Kafka's names and defaults but one.
@@ -138,6 +151,8 @@ class BrokerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{_property(name)} must be at least 1")
+        if self.log_cleaner_backoff_ms < 0:
+            raise ConfigError("log.cleaner.backoff.ms must be at least 0")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError(
                 f"group.min.session.timeout.ms={self.group_min_session_timeout_ms} must not "
@@ -216,6 +231,11 @@ def _parse(name: str, annotation: str, raw: str):
             return int(text)
         except ValueError:
             raise ConfigError(f"{name}={raw!r}: expected an integer") from None
+    if annotation == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r}: expected a number") from None
     if annotation == "str | None":
         return text or None
     return text

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from localcluster.replication import ready as r
 from localcluster.storage import (
+    LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_OFFSET_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CorruptRecordError,
@@ -32,6 +33,7 @@ from localcluster.storage import (
     write_partition_offsets,
 )
 from localcluster.storage import record_batch as rb
+from localcluster.storage.cleaner import CLEANER_OFFSET_CHECKPOINT, CleanerCheckpoints
 from localcluster.storage.producer_snapshot import ProducerStateManager
 from localcluster.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -83,6 +85,9 @@ class LogManager:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self.logs: dict[TopicPartition, Log] = {}
         self.producer_states: dict[TopicPartition, ProducerStateManager] = {}
+        self.topic_configs: dict[TopicPartition, TopicConfig] = {}  # the log cleaner reads them
+        # beside the logs (Kafka keeps it in each log dir): lost with them, never stale
+        self.cleaner_checkpoints = CleanerCheckpoints(data_dir / CLEANER_OFFSET_CHECKPOINT)
 
     def _open_producer_state(self, tp: TopicPartition, lg: Log) -> None:
         self.producer_states[tp] = ProducerStateManager.open(
@@ -99,13 +104,13 @@ class LogManager:
         checkpointed_hw = read_partition_offsets(
             self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT
         )
+        log_starts = read_partition_offsets(self.checkpoint_dir / LOG_START_OFFSET_CHECKPOINT)
         for path in sorted(self.data_dir.iterdir()):
             tp = parse_partition_dir(path.name) if path.is_dir() else None
             if tp is None:
                 continue
-            opened = Log.open(
-                path, self.log_config(None), recovery_point=recovery_points.get(tp, 0)
-            )
+            opened = Log.open(path, self.log_config(None), recovery_point=recovery_points.get(tp, 0),
+                              log_start_offset=log_starts.get(tp, 0))  # fmt: skip
             self.logs[tp] = opened
             self._open_producer_state(tp, opened)
             log.info("opened log %s-%d: offsets [%d, %d), checkpointed HW %s%s", tp[0], tp[1],
@@ -119,6 +124,7 @@ class LogManager:
         lg = self.logs.get(tp)
         if lg is not None:
             lg.config = self.log_config(topic_config)
+            self.topic_configs[tp] = topic_config
 
     def get_or_create(self, tp: TopicPartition, topic_config: TopicConfig | None = None) -> Log:
         existing = self.logs.get(tp)
@@ -128,6 +134,8 @@ class LogManager:
             )
             self.logs[tp] = existing
             self._open_producer_state(tp, existing)
+            if topic_config is not None:
+                self.topic_configs[tp] = topic_config
         return existing
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -137,9 +145,17 @@ class LogManager:
                                 high_watermarks)  # fmt: skip
 
     def checkpoint_recovery_points(self) -> None:
-        """Flush every log, then record how far each is on disk."""
+        """Flush every log, then record how far each is on disk (and where each starts)."""
         points = {tp: lg.flush() for tp, lg in self.logs.items()}
         write_partition_offsets(self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT, points)
+        self.checkpoint_log_start_offsets()
+
+    def checkpoint_log_start_offsets(self) -> None:
+        """Kafka's log-start-offset-checkpoint. Written at once whenever DeleteRecords moves
+        a start (not only by the periodic checkpoint, as Kafka): a kill -9 right after the
+        answer must not bring the deleted records back."""
+        write_partition_offsets(self.checkpoint_dir / LOG_START_OFFSET_CHECKPOINT,
+                                {tp: lg.log_start_offset for tp, lg in self.logs.items()})  # fmt: skip
 
     def close(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
         """A clean shutdown: flush, both checkpoints, close every log."""
@@ -184,6 +200,8 @@ class LogManager:
         if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
             return verdict
         assert isinstance(verdict, ProducerAppendInfo)
+        if lg.config.log_append_time:  # Kafka's LogValidator: the leader's clock, new CRCs
+            records = rb.with_log_append_time(records, self.wall_clock_ms())
         segment = lg.active_segment.base_offset
         info = lg.append(records, leader_epoch)
         producers.state.apply(verdict)
@@ -200,14 +218,22 @@ class LogManager:
         elif isinstance(action, r.TruncateTo):
             lg.truncate_to(action.offset)
             self.producer_states[action.tp].truncate_to(action.offset, lg, self.wall_clock_ms())
+            self.cleaner_checkpoints.truncate_to(action.tp, lg.log_end_offset)
         elif isinstance(action, r.TruncateFullyAndStartAt):
             lg.truncate_fully_and_start_at(action.offset)
             self.producer_states[action.tp].truncate_fully_and_start_at(action.offset)
+            self.cleaner_checkpoints.truncate_to(action.tp, action.offset)
+        elif isinstance(action, r.IncrementLogStartOffset):
+            if lg.increment_log_start_offset(action.offset):
+                self.producer_states[action.tp].truncate_head(lg.log_start_offset)
+                self.checkpoint_log_start_offsets()
         else:
             assert isinstance(action, r.DeleteLog), action
             if lg is not None:
                 del self.logs[action.tp]
                 self.producer_states.pop(action.tp, None)
+                self.topic_configs.pop(action.tp, None)
+                self.cleaner_checkpoints.remove(action.tp)
                 lg.delete()
 
     def append_as_follower(self, append: r.FollowerAppend) -> str | None:

@@ -145,7 +145,7 @@ class ClusterMetadata:
         return data
 
     @staticmethod
-    def _brokers_on(listener: ListenerInfo, brokers) -> tuple[list[dict], set[int]]:
+    def brokers_on(listener: ListenerInfo, brokers) -> tuple[list[dict], set[int]]:
         """Each broker's endpoint of the listener the request came in on (Kafka answers per
         listener); a broker without that listener is left out. A Unix-socket client is told
         each broker's first advertised endpoint."""
@@ -163,7 +163,7 @@ class ClusterMetadata:
                   listener: ListenerInfo) -> dict:  # fmt: skip
         if self.cache.ready:
             return self._describe_from_cache(names, allow_auto_create, listener)
-        brokers, live = self._brokers_on(listener, self.zk.live_brokers())
+        brokers, live = self.brokers_on(listener, self.zk.live_brokers())
         wanted = self.zk.topics() if names is None else names
         topics = [self._describe_topic(name, live, allow_auto_create and names is not None)
                   for name in wanted]  # fmt: skip
@@ -174,7 +174,7 @@ class ClusterMetadata:
     def _describe_from_cache(self, names: list[str] | None, allow_auto_create: bool,
                              listener: ListenerInfo) -> dict:  # fmt: skip
         cache = self.cache
-        brokers, _ = self._brokers_on(listener, cache.listed_brokers())
+        brokers, _ = self.brokers_on(listener, cache.listed_brokers())
         live = {b for b in cache.brokers if b in {listed["node_id"] for listed in brokers}}
         topics = []
         for name in cache.topics() if names is None else names:

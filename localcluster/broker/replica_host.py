@@ -56,6 +56,7 @@ class LeaderAppendResult:
     log_start_offset: int = -1
     appended: object = None  # storage AppendInfo
     waiting: bool = False
+    log_append_time_ms: int = -1  # the leader's stamp under message.timestamp.type=LogAppendTime
 
 
 @dataclass(slots=True)
@@ -121,7 +122,8 @@ class ReplicaHost:
             failure = self.log_manager.append_as_follower(append)
             self.execute(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
                          if failure else
-                         self.core.on_follower_appended(append.tp, append.leader_high_watermark))  # fmt: skip
+                         self.core.on_follower_appended(append.tp, append.leader_high_watermark,
+                                                        append.leader_log_start_offset))  # fmt: skip
         for change in ready.state_changes:
             self.on_state_change(change)
         for update in ready.isr_writes:
@@ -227,6 +229,8 @@ class ReplicaHost:
         result = LeaderAppendResult(errors.NONE, None, info.first_offset,
                                     self.log_manager.logs[tp].log_start_offset,
                                     None if duplicate else info)  # fmt: skip
+        if not duplicate and self.log_manager.logs[tp].config.log_append_time:
+            result.log_append_time_ms = info.max_timestamp
         ready = self.core.on_leader_appended(append, acks, info.last_offset,
                                              key_for(info.first_offset),
                                              self.now_ms() + max(timeout_ms, 0))  # fmt: skip

@@ -103,7 +103,8 @@ class ReplicaManager(ReplicaHost):
         return LogConfig(segment_bytes=c.segment_bytes,
                          segment_index_bytes=self.config.log_index_size_max_bytes,
                          retention_bytes=c.retention_bytes if c.deletes else -1,
-                         retention_ms=c.retention_ms if c.deletes else -1)  # fmt: skip
+                         retention_ms=c.retention_ms if c.deletes else -1,
+                         segment_ms=c.segment_ms, log_append_time=c.log_append_time)  # fmt: skip
 
     def publish_replicas(self) -> None:
         """Put every hosted replica's offsets on the metrics board (for `status`)."""
@@ -162,7 +163,8 @@ class ReplicaManager(ReplicaHost):
         for tp, records in entries:
             future = loop.create_future()
             result = self.append_to_leader(tp, records, acks, timeout_ms, lambda _, f=future: f)
-            response = ProducePartitionResponse(tp[1], result.error, result.first_offset, -1,
+            response = ProducePartitionResponse(tp[1], result.error, result.first_offset,
+                                                result.log_append_time_ms,
                                                 result.log_start_offset, error_message=result.message)  # fmt: skip
             responses.append(response)
             if result.appended is not None:
@@ -206,7 +208,8 @@ class ReplicaManager(ReplicaHost):
         """Read, and if fewer than min_bytes are there, wait for appends up to max_wait_ms."""
         follower = request.replica_id >= 0
         if follower:
-            positions = (((topic, p.partition), p.fetch_offset, p.current_leader_epoch)
+            positions = (((topic, p.partition), p.fetch_offset, p.current_leader_epoch,
+                          p.log_start_offset)
                          for topic, partitions in request.topics for p in partitions)  # fmt: skip
             self.execute(self.core.record_follower_fetch(request.replica_id, positions,
                                                          self.now_ms()))  # fmt: skip
@@ -237,6 +240,41 @@ class ReplicaManager(ReplicaHost):
                                                       records=list(read.records)))  # fmt: skip
             out.append((topic, results))
         return out, total, errors
+
+    # -- DeleteRecords --------------------------------------------------------------------------
+
+    async def delete_records(self, entries: list[tuple[TopicPartition, int]],
+                             timeout_ms: int) -> list[tuple[int, int]]:  # fmt: skip
+        """DeleteRecords on the leader: move each log's start, then wait (Kafka's delayed
+        delete-records purgatory, over the fetch notifier: a follower's fetch reporting its new
+        start wakes it) until the ISR's low watermark reaches it or `timeout_ms` passes.
+        (error code, low watermark) per entry; REQUEST_TIMED_OUT if it did not get there."""
+        targets: dict[TopicPartition, int] = {}
+        results: dict[TopicPartition, tuple[int, int]] = {}
+        for tp, offset in entries:
+            error, target, ready = self.core.delete_records(tp, offset)
+            self.execute(ready)
+            if error != ErrorCode.none:
+                results[tp] = (error, -1)
+            else:
+                targets[tp] = target
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_ms, 0) / 1000
+
+        def reached(tp) -> bool:
+            low = self.core.low_watermark(tp)
+            return low is None or low >= targets[tp]
+
+        while not all(reached(tp) for tp in targets) and loop.time() < deadline:
+            await self.notifier.wait(deadline - loop.time())
+        for tp, target in targets.items():
+            low = self.core.low_watermark(tp)
+            if low is None:
+                results[tp] = (ErrorCode.not_leader_or_follower, -1)
+            else:
+                results[tp] = (ErrorCode.none if low >= target else ErrorCode.request_timed_out,
+                               low)  # fmt: skip
+        return [results[tp] for tp, _ in entries]
 
     # -- offsets ------------------------------------------------------------------------------
 

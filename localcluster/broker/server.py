@@ -41,6 +41,7 @@ from localcluster.broker.group_apis import GroupApis
 from localcluster.broker.group_coordinator import GroupCoordinator
 from localcluster.broker.inter_broker import InterBrokerConnector, host_id
 from localcluster.broker.kafka_apis import KafkaApis
+from localcluster.broker.log_cleaner import LogCleaner
 from localcluster.broker.metadata import ClusterMetadata
 from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.broker.network import (
@@ -51,6 +52,8 @@ from localcluster.broker.network import (
     unix_listen,
 )
 from localcluster.broker.producer_ids import ProducerIdManager
+from localcluster.broker.reassignment_apis import ReassignmentApis
+from localcluster.broker.records_apis import RecordsApis
 from localcluster.broker.replica_fetcher import ReplicaFetcherManager
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.sasl_authenticator import (
@@ -154,6 +157,7 @@ class BrokerServer:
         self._tasks: list[asyncio.Task] = []
         self._listeners: list[Listener] = []
         self.controller: KafkaController | None = None
+        self.log_cleaner: LogCleaner | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -227,6 +231,8 @@ class BrokerServer:
                                                   self.metadata.offsets_partition_count)  # fmt: skip
         apis.add_handlers(GroupApis(self.group_coordinator, self.metadata, c).handlers())
         apis.add_handlers(AdminApis(self.metadata, c).handlers())
+        apis.add_handlers(RecordsApis(self.replica_manager).handlers())
+        apis.add_handlers(ReassignmentApis(self.metadata).handlers())
         apis.on_replicas_changed = self.group_coordinator.on_replicas_changed
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
         self.replica_manager.isr_writer = lambda update: asyncio.to_thread(
@@ -253,7 +259,9 @@ class BrokerServer:
             self.controller.start()
         self._tasks = [
             loop.create_task(self._watch_session()),
-            loop.create_task(follow_config_changes(self.metadata, self.replica_manager)),
+            loop.create_task(follow_config_changes(
+                self.metadata, self.replica_manager,
+                self.controller and self.controller.enable_topic_unclean_leader_election)),
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
@@ -263,6 +271,9 @@ class BrokerServer:
             loop.create_task(self._every(METRICS_REPLICAS_INTERVAL_MS,
                                          self.replica_manager.publish_replicas)),
         ]  # fmt: skip
+        if c.log_cleaner_enable:
+            self.log_cleaner = LogCleaner(self.replica_manager, c.log_cleaner_backoff_ms)
+            self.log_cleaner.start()
         # Startup's objects live as long as the broker: keep the cyclic GC from rescanning
         # them, and run it less often (its full passes show up as produce latency spikes).
         gc.freeze()
@@ -360,6 +371,8 @@ class BrokerServer:
         if getattr(self, "metadata", None) is not None:
             await asyncio.to_thread(self.metadata.deregister)  # clients stop routing here first
         await cancel_and_wait(*self._tasks)
+        if self.log_cleaner is not None:
+            await self.log_cleaner.stop()
         if getattr(self, "group_coordinator", None) is not None:
             self.group_coordinator.close()
         if self.replica_manager.fetchers is not None:

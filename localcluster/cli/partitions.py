@@ -1,4 +1,5 @@
-"""Requests to the controller about partitions: elect (preferred or unclean) and reassign."""
+"""Requests to the controller about partitions: elect (preferred or unclean) and reassign, sent
+as the Admin API's ElectLeaders and AlterPartitionReassignments with our own client."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def elect(target, kind, cluster_dir, as_json):
     what = ("unclean election (partitions without a live leader only; records may be lost)"
             if kind == "unclean" else "preferred replica election")  # fmt: skip
     click.echo(f"{what} requested for {len(result['partitions'])} partitions")
+    outcomes: dict[str, int] = {}
+    for p in result["partitions"]:
+        outcomes[p["error"] or "elected"] = outcomes.get(p["error"] or "elected", 0) + 1
+    click.echo(", ".join(f"{what.lower()}: {n}" for what, n in sorted(outcomes.items())))
     if result["controller"] is None:
         click.echo(
             "note: no controller is running, so nothing happens until one is elected", err=True
@@ -44,7 +49,7 @@ def elect(target, kind, cluster_dir, as_json):
 @json_option
 @friendly
 def reassign(target, replicas, cluster_dir, as_json):
-    """Move a partition's replicas (writes /admin/reassign_partitions)."""
+    """Move a partition's replicas (AlterPartitionReassignments; the controller moves them)."""
     from localcluster.tools import cluster_admin
 
     try:

@@ -1,4 +1,4 @@
-"""`localcluster topic`: create, list, describe, producers, delete."""
+"""`localcluster topic`: create, list, describe, alter, producers, delete."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from localcluster.cli.options import (
 
 @click.group()
 def topic() -> None:
-    """Create, list, describe and delete topics."""
+    """Create, list, describe, alter and delete topics."""
 
 
 @topic.command("create")
@@ -62,11 +62,14 @@ def topic_list(cluster_dir, as_json):
 
 @topic.command("describe")
 @click.argument("name")
+@click.option("--all-configs", is_flag=True,
+              help="List every config with its source, not only the topic's overrides.")  # fmt: skip
 @dir_option
 @json_option
 @friendly
-def topic_describe(name, cluster_dir, as_json):
-    """Leader, leader epoch, replicas and ISR of each partition of NAME."""
+def topic_describe(name, all_configs, cluster_dir, as_json):
+    """Leader, leader epoch, replicas and ISR of each partition of NAME, and its configs with
+    their source (DYNAMIC_TOPIC_CONFIG: set on the topic; otherwise the broker's default)."""
     from localcluster.tools import cluster_admin, cluster_view
 
     directory, spec = cluster_spec(cluster_dir)
@@ -75,6 +78,33 @@ def topic_describe(name, cluster_dir, as_json):
         print_json(described)
     else:
         cluster_view.topic(described)
+        cluster_view.topic_configs(described, all_configs)
+
+
+@topic.command("alter")
+@click.argument("name")
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
+              callback=assignments("retention.ms=60000"),
+              help="Set a config on the topic (repeatable), e.g. retention.ms=60000.")  # fmt: skip
+@click.option("--delete-config", multiple=True, metavar="KEY",
+              help="Remove the topic's override (repeatable): the broker's default applies.")  # fmt: skip
+@dir_option
+@json_option
+@friendly
+def topic_alter(name, config, delete_config, cluster_dir, as_json):
+    """Change NAME's configs live (IncrementalAlterConfigs): every replica's broker applies
+    them without a restart. A bad value changes nothing."""
+    from localcluster.tools import cluster_admin
+
+    if not config and not delete_config:
+        raise click.UsageError("nothing to change: give --config KEY=VALUE or --delete-config KEY")
+    directory, spec = cluster_spec(cluster_dir)
+    result = cluster_admin.alter_topic(spec, name, config, list(delete_config))
+    if as_json:
+        print_json(result)
+    else:
+        overrides = ", ".join(f"{k}={v}" for k, v in result["overrides"].items()) or "none"
+        click.echo(f"altered topic {name}; its overrides now: {overrides}")
 
 
 @topic.command("producers")

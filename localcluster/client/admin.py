@@ -1,5 +1,6 @@
-"""The admin client: create topics, describe the cluster and its topics, list topics, and
-consumer groups (list, describe, committed offsets, alter offsets, delete).
+"""The admin client: create, delete and describe topics and their configs, describe the
+cluster, delete records, elect leaders, reassign partitions, and consumer groups (list,
+describe, committed offsets, alter offsets, delete).
 
 Descriptions come from Metadata requests (never auto-creating a topic): brokers and the
 controller for `describe_cluster`, leader, leader epoch, replicas, ISR and offline replicas
@@ -7,6 +8,11 @@ per partition for `describe_topic`. `create_topic` sends CreateTopics to the con
 broker when the controller is unknown or unreachable; every broker here can create topics)
 and raises KafkaError with the broker's error code and message on failure
 (TOPIC_ALREADY_EXISTS is code 36). `Admin` is the synchronous facade.
+
+DeleteTopics, DescribeConfigs (topics), ElectLeaders and the reassignment APIs go to the
+controller as `create_topic` does; DeleteRecords to each partition's leader, as Kafka's
+AdminClient sends it. A partition's failure raises KafkaError with its code, except
+`elect_leaders`, which answers each partition's code (ELECTION_NOT_NEEDED is not a failure).
 
 Groups as Kafka's AdminClient reaches them: ListGroups goes to every broker (each lists the
 groups it coordinates); DescribeGroups, OffsetFetch, OffsetCommit and DeleteGroups go to the
@@ -57,6 +63,21 @@ DEFAULTS = {
     "metadata.max.age.ms": 300_000,
     **SECURITY_DEFAULTS,
 }
+
+
+# DescribeConfigs' config_source codes, by Kafka's names (DescribeConfigsResponse.ConfigSource)
+CONFIG_SOURCES = {0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG",
+                  3: "DYNAMIC_DEFAULT_BROKER_CONFIG", 4: "STATIC_BROKER_CONFIG",
+                  5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigValue:
+    """One config as DescribeConfigs answers it: its value and where that value comes from."""
+
+    value: str | None
+    source: str  # a CONFIG_SOURCES name: DYNAMIC_TOPIC_CONFIG for a topic's override
+    read_only: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +206,123 @@ class AsyncAdmin:
         for result in response.topics:
             check_error(result.error_code, f"create topic {result.name!r}",
                         getattr(result, "error_message", None))  # fmt: skip
+
+    async def _ask(self, api_key: ApiKey, body: dict, connection=None, timeout_ms: int = 0):
+        """Send one request (to the controller unless a connection is given); its answer."""
+        connection = connection or await self._controller_connection()
+        try:
+            frame, offset = await connection.send(
+                api_key, lambda v: messages.encode_request(api_key, v, body),
+                timeout_ms=timeout_ms + self.config["request.timeout.ms"])  # fmt: skip
+        except KafkaConnectionError:
+            self.cluster.connection_failed(connection)
+            raise
+        return messages.decode_response(api_key, connection.version(api_key), frame, offset)
+
+    async def delete_topics(self, names: list[str], timeout_ms: int | None = None) -> None:
+        """Delete topics; returns once the controller deleted them (KafkaError otherwise)."""
+        timeout_ms = self.config["request.timeout.ms"] if timeout_ms is None else timeout_ms
+        answer = await self._ask(ApiKey.DELETE_TOPICS, {
+            "topic_names": list(names), "topics": [{"name": n} for n in names],
+            "timeout": timeout_ms}, timeout_ms=timeout_ms)  # fmt: skip
+        for result in answer.responses:
+            check_error(result.error_code, f"delete topic {result.name!r}",
+                        getattr(result, "error_message", None))  # fmt: skip
+
+    async def describe_configs(self, topic: str) -> dict[str, ConfigValue]:
+        """A topic's effective configs, each with its source (DescribeConfigs)."""
+        answer = await self._ask(ApiKey.DESCRIBE_CONFIGS, {"resources": [
+            {"resource_type": 2, "resource_name": topic, "configuration_keys": None}]})  # fmt: skip
+        (result,) = answer.results
+        check_error(result.error_code, f"describe configs of {topic!r}", result.error_message)
+        return {c.name: ConfigValue(c.value, CONFIG_SOURCES.get(c.config_source, "UNKNOWN"),
+                                    c.read_only)
+                for c in result.configs}  # fmt: skip
+
+    async def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str],
+                                  delete: list[str] = ()) -> None:  # fmt: skip
+        """Set and delete overrides of a topic's config (IncrementalAlterConfigs SET and
+        DELETE); the broker validates the result as CreateTopics does (INVALID_CONFIG)."""
+        operations = ([{"name": k, "config_operation": 0, "value": str(v)}
+                       for k, v in set_configs.items()]
+                      + [{"name": k, "config_operation": 1, "value": None} for k in delete])  # fmt: skip
+        answer = await self._ask(ApiKey.INCREMENTAL_ALTER_CONFIGS, {"validate_only": False,
+            "resources": [{"resource_type": 2, "resource_name": topic, "configs": operations}]})  # fmt: skip
+        (result,) = answer.responses
+        check_error(result.error_code, f"alter configs of {topic!r}", result.error_message)
+
+    async def delete_records(self, offsets: Mapping[TopicPartition, int],
+                             timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip
+        """Move each partition's log start to its offset (-1: the high watermark) on its
+        leader; {partition: low watermark} once every in-sync replica starts there."""
+        timeout_ms = self.config["request.timeout.ms"] if timeout_ms is None else timeout_ms
+        by_leader: dict[int, dict[TopicPartition, int]] = {}
+        for topic in sorted({t for t, _ in offsets}):
+            leaders = {p.partition: p.leader for p in (await self.describe_topic(topic)).partitions}
+            for (t, p), offset in offsets.items():
+                if t == topic:
+                    if p not in leaders:
+                        raise KafkaError(
+                            f"{t}-{p} does not exist", ErrorCode.unknown_topic_or_partition
+                        )
+                    by_leader.setdefault(leaders[p], {})[(t, p)] = offset
+        out = {}
+        for leader, wanted in sorted(by_leader.items()):
+            topics: dict[str, list] = {}
+            for (t, p), offset in sorted(wanted.items()):
+                topics.setdefault(t, []).append({"partition_index": p, "offset": offset})
+            answer = await self._ask(ApiKey.DELETE_RECORDS, {"timeout": timeout_ms, "topics": [
+                {"name": t, "partitions": rows} for t, rows in topics.items()]},
+                await self.cluster.connection(leader), timeout_ms)  # fmt: skip
+            for topic in answer.topics:
+                for p in topic.partitions:
+                    check_error(p.error_code, f"delete records of {topic.name}-{p.partition_index}")
+                    out[(topic.name, p.partition_index)] = p.low_watermark
+        return out
+
+    async def elect_leaders(self, partitions: list[TopicPartition] | None = None,
+                            unclean: bool = False,
+                            timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip
+        """ElectLeaders (PREFERRED, or UNCLEAN) for the partitions (None: all); each one's error
+        code (0: elected; ELECTION_NOT_NEEDED 84 and the rest as the controller answered)."""
+        timeout_ms = self.config["request.timeout.ms"] if timeout_ms is None else timeout_ms
+        by_topic: dict[str, list[int]] = {}
+        for t, p in partitions or ():
+            by_topic.setdefault(t, []).append(p)
+        answer = await self._ask(ApiKey.ELECT_LEADERS, {
+            "election_type": 1 if unclean else 0, "timeout": timeout_ms,
+            "topic_partitions": None if partitions is None else [
+                {"topic": t, "partitions": ps} for t, ps in by_topic.items()]}, timeout_ms=timeout_ms)  # fmt: skip
+        check_error(getattr(answer, "error_code", 0), "elect leaders")
+        return {(r.topic, p.partition_id): int(p.error_code)
+                for r in answer.replica_election_results for p in r.partition_result}  # fmt: skip
+
+    async def alter_partition_reassignments(self, targets: Mapping[TopicPartition, list[int] | None],
+                                            timeout_ms: int | None = None) -> None:  # fmt: skip
+        """Reassign partitions (None cancels one under way); returns once the controller took
+        each up (ListPartitionReassignments shows it until it completes)."""
+        timeout_ms = self.config["request.timeout.ms"] if timeout_ms is None else timeout_ms
+        by_topic: dict[str, list] = {}
+        for (t, p), replicas in sorted(targets.items()):
+            by_topic.setdefault(t, []).append({"partition_index": p, "replicas": replicas})
+        answer = await self._ask(ApiKey.ALTER_PARTITION_REASSIGNMENTS, {
+            "timeout": timeout_ms, "topics": [{"name": t, "partitions": rows}
+                                              for t, rows in by_topic.items()]}, timeout_ms=timeout_ms)  # fmt: skip
+        check_error(answer.error_code, "reassign partitions", answer.error_message)
+        for topic in answer.responses:
+            for p in topic.partitions:
+                check_error(p.error_code, f"reassign {topic.name}-{p.partition_index}",
+                            p.error_message)  # fmt: skip
+
+    async def list_partition_reassignments(self) -> dict[TopicPartition, dict[str, list[int]]]:
+        """Partitions under way: {partition: {"replicas", "adding", "removing"}}."""
+        answer = await self._ask(ApiKey.LIST_PARTITION_REASSIGNMENTS, {"timeout": 10_000,
+                                                                       "topics": None})  # fmt: skip
+        check_error(answer.error_code, "list partition reassignments", answer.error_message)
+        return {(t.name, p.partition_index): {"replicas": list(p.replicas),
+                                              "adding": list(p.adding_replicas),
+                                              "removing": list(p.removing_replicas)}
+                for t in answer.topics for p in t.partitions}  # fmt: skip
 
     async def _controller_connection(self):
         snapshot = await self._metadata([])
@@ -396,6 +534,31 @@ class Admin:
 
     def list_topics(self) -> list[str]:
         return self._thread.run(self._admin.list_topics())
+
+    def delete_topics(self, names: list[str], timeout_ms: int | None = None) -> None:
+        self._thread.run(self._admin.delete_topics(names, timeout_ms))
+
+    def describe_configs(self, topic: str) -> dict[str, ConfigValue]:
+        return self._thread.run(self._admin.describe_configs(topic))
+
+    def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str],
+                            delete: list[str] = ()) -> None:  # fmt: skip
+        self._thread.run(self._admin.alter_topic_configs(topic, set_configs, delete))
+
+    def delete_records(self, offsets: Mapping[TopicPartition, int],
+                       timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip
+        return self._thread.run(self._admin.delete_records(offsets, timeout_ms))
+
+    def elect_leaders(self, partitions: list[TopicPartition] | None = None, unclean: bool = False,
+                      timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip
+        return self._thread.run(self._admin.elect_leaders(partitions, unclean, timeout_ms))
+
+    def alter_partition_reassignments(self, targets: Mapping[TopicPartition, list[int] | None],
+                                      timeout_ms: int | None = None) -> None:  # fmt: skip
+        self._thread.run(self._admin.alter_partition_reassignments(targets, timeout_ms))
+
+    def list_partition_reassignments(self) -> dict[TopicPartition, dict[str, list[int]]]:
+        return self._thread.run(self._admin.list_partition_reassignments())
 
     def wait_for_leaders(self, name: str, timeout_s: float = 10.0) -> TopicDescription:
         return self._thread.run(self._admin.wait_for_leaders(name, timeout_s))

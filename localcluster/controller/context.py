@@ -39,6 +39,10 @@ class ControllerContext:
     leadership: dict[TopicPartition, Leadership] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     reassignments: dict[TopicPartition, tuple[int, ...]] = field(default_factory=dict)
+    # each reassignment's (adding, removing) replicas, written into the topic's znode for all
+    # its partitions under way (ListPartitionReassignments reads them there)
+    reassignment_changes: dict[TopicPartition, tuple[tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=dict)  # fmt: skip
     topics_to_delete: set[str] = field(default_factory=set)
     partition_states: StateTable = field(default_factory=partition_states)
     replica_states: StateTable = field(default_factory=replica_states)
@@ -90,5 +94,6 @@ class ControllerContext:
             self.assignments.pop(tp, None)
             self.leadership.pop(tp, None)
             self.reassignments.pop(tp, None)
+            self.reassignment_changes.pop(tp, None)
         self.topic_configs.pop(topic, None)
         self.topics_to_delete.discard(topic)

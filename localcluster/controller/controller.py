@@ -100,6 +100,12 @@ class KafkaController:
 
         self._loop.call_soon_threadsafe(put)
 
+    def enable_topic_unclean_leader_election(self, topic: str) -> None:
+        """The broker saw `topic`'s unclean.leader.election.enable become true (Kafka's
+        enableTopicUncleanLeaderElection): only an active controller acts on it."""
+        if self.is_active:
+            self.enqueue(ev.TopicUncleanLeaderElectionEnable(topic))
+
     def request_controlled_shutdown(self, broker_id: int, answer: asyncio.Future) -> None:
         """`answer` gets (error code, partitions still led), or None when no core ran it."""
         self._next_correlation_id += 1

@@ -139,6 +139,8 @@ class ControllerCore:
                 return topics.on_preferred_replica_election()
             case ev.UncleanLeaderElection():
                 return topics.on_unclean_leader_election()
+            case ev.TopicUncleanLeaderElectionEnable(topic=topic):
+                return self._on_topic_unclean_leader_election_enable(topic)
             case ev.AutoPreferredReplicaLeaderElection():
                 return topics.check_leader_imbalance()
             case ev.ControlledShutdown():
@@ -213,6 +215,26 @@ class ControllerCore:
                     added.append(tp)
         yield from self.partitions.reload(added)
         return added
+
+    def _on_topic_unclean_leader_election_enable(self, topic: str) -> act.Operation[None]:
+        """Read the topic's config again; if unclean election is on now, bring its offline
+        partitions online with it (Kafka: onTopicUncleanLeaderElectionEnable)."""
+        ctx = self.ctx
+        if topic not in ctx.topics() or topic in ctx.topics_to_delete:
+            return
+        read = yield act.ReadTopics((topic,))
+        if topic not in read.assignments:
+            return
+        ctx.topic_configs[topic] = dict(read.configs.get(topic, {}))
+        offline = sorted(tp for tp in ctx.partition_states.keys_in(PartitionState.OFFLINE)
+                         if tp[0] == topic)  # fmt: skip
+        if not offline or not ctx.unclean_enabled(offline[0], self.partitions.unclean_default):
+            return
+        self.note(f"{topic}: unclean.leader.election.enable is now true; electing for "
+                  f"{len(offline)} offline partition(s)")  # fmt: skip
+        batch = self.new_batch()
+        yield from self.partitions.to_online(offline, Strategy.OFFLINE, batch)
+        self.send(batch)
 
     def _initialize_states(self) -> None:
         ctx = self.ctx

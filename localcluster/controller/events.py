@@ -68,6 +68,14 @@ class UncleanLeaderElection:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicUncleanLeaderElectionEnable:
+    """A topic's unclean.leader.election.enable became true (Kafka's event of that name: the
+    controller's broker saw the config change): its offline partitions may elect now."""
+
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
 class AutoPreferredReplicaLeaderElection:
     """The leader imbalance check is due (auto.leader.rebalance.enable)."""
 

@@ -9,7 +9,8 @@ dead broker makes the deletion wait (ReplicaDeletionIneligible) until the broker
 Reassignment (the ZK-era algorithm): AR becomes OAR + RAR and every replica hears the next
 epoch; once every target replica is in the ISR, the leader is kept or re-elected from RAR, the
 removed replicas get StopReplica with delete, AR becomes RAR, and the request leaves
-/admin/reassign_partitions.
+/admin/reassign_partitions. A new target for a partition under way (AlterPartitionReassignments'
+cancel names the original replicas) starts over from the replicas it has then.
 
 Controlled shutdown: leadership moves off the broker, the broker leaves every ISR and stops
 its replicas (StopReplica without delete); the answer names what it still leads.
@@ -114,8 +115,8 @@ class TopicOperations:
         read = yield act.ReadReassignments()
         finished_at_once = []
         for tp, target in sorted((read.requested or {}).items()):
-            if tp in ctx.reassignments:
-                continue
+            if ctx.reassignments.get(tp) == tuple(target):
+                continue  # already under way
             if tp not in ctx.assignments or not target or len(set(target)) != len(target):
                 log.warning("controller: ignoring reassignment of %s to %s (unknown partition or "
                             "bad replica list)", tp, list(target))  # fmt: skip
@@ -125,9 +126,11 @@ class TopicOperations:
             if unknown:
                 log.warning("controller: reassignment of %s-%d names brokers %s that are not "
                             "live; it waits for them", *tp, unknown)  # fmt: skip
-            if tuple(target) == ctx.assignments[tp]:
+            if tuple(target) == ctx.assignments[tp] and tp not in ctx.reassignments:
                 finished_at_once.append(tp)
                 continue
+            # A new target for a partition under way (AlterPartitionReassignments may, and its
+            # cancel asks for the original replicas) starts again from the replicas it has now.
             yield from self._start_reassignment(tp, tuple(target))
         if finished_at_once:
             yield act.RemoveReassignments(tuple(finished_at_once))
@@ -138,10 +141,12 @@ class TopicOperations:
         ctx = self.ctx
         current = ctx.assignments[tp]
         adding = tuple(r for r in target if r not in current)
+        earlier, _ = ctx.reassignment_changes.get(tp, ((), ()))
         ctx.reassignments[tp] = target
+        ctx.reassignment_changes[tp] = (tuple(r for r in earlier if r in target) + adding,
+                                        tuple(r for r in current if r not in target))  # fmt: skip
         ctx.assignments[tp] = current + adding
-        yield from self._write_assignment(tp[0], adding={tp: adding},
-                                          removing={tp: tuple(r for r in current if r not in target)})  # fmt: skip
+        yield from self._write_assignment(tp[0])
         for r in adding:
             ctx.move_replica(tp, r, ReplicaState.NEW)
         batch = self.core.new_batch()
@@ -177,15 +182,18 @@ class TopicOperations:
             ctx.move_replica(tp, r, ReplicaState.NON_EXISTENT)
         self.core.send(batch)
         del ctx.reassignments[tp]
+        ctx.reassignment_changes.pop(tp, None)
         yield from self._write_assignment(tp[0])
         yield act.RemoveReassignments((tp,))
         self.core.note(f"{tp[0]}-{tp[1]}: reassignment to {list(target)} completed")
 
-    def _write_assignment(self, topic: str, adding=None, removing=None) -> act.Operation[None]:
+    def _write_assignment(self, topic: str) -> act.Operation[None]:
+        """The topic's znode: AR per partition, and adding/removing of those under way."""
         ctx = self.ctx
         table = {tp[1]: replicas for tp, replicas in ctx.assignments.items() if tp[0] == topic}
-        assignment = TopicAssignment(table, {tp[1]: r for tp, r in (adding or {}).items() if r},
-                                     {tp[1]: r for tp, r in (removing or {}).items() if r})  # fmt: skip
+        changes = {tp[1]: c for tp, c in ctx.reassignment_changes.items() if tp[0] == topic}
+        assignment = TopicAssignment(table, {p: a for p, (a, _) in changes.items() if a},
+                                     {p: r for p, (_, r) in changes.items() if r})  # fmt: skip
         yield act.WriteAssignment(topic, assignment, ctx.epoch_zk_version)
 
     # -- preferred and unclean elections on request, and rebalance ----------------------------

@@ -54,10 +54,9 @@ class ZkOperations:
             case act.ReadReassignments():
                 return ev.ReassignmentsRead(zk.reassignments())
             case act.RemoveReassignments(partitions=partitions):
-                requested = zk.reassignments() or {}
-                for tp in partitions:
-                    requested.pop(tp, None)
-                zk.write_reassignments(requested)
+                # conditional: AlterPartitionReassignments may add entries meanwhile
+                zk.update_reassignments(lambda requested: {
+                    tp: r for tp, r in requested.items() if tp not in partitions})  # fmt: skip
                 return ev.StoreWritten()
             case act.ReadElectionRequest(kind=kind):
                 found = zk.requested_elections(ELECTION_REQUEST_PATHS[kind])

@@ -385,6 +385,32 @@ class KafkaZkClient:
             (e["topic"], int(e["partition"])): tuple(int(r) for r in e["replicas"]) for e in entries
         }
 
+    def update_reassignments(self, change, attempts: int = 100) -> dict:
+        """Read /admin/reassign_partitions, apply `change` (dict -> dict) and write the result
+        conditionally on the version read (deleting the znode when it is empty), again from
+        the read while another writer got there first: AlterPartitionReassignments on any
+        broker and the controller's removal of finished entries share the znode. The result."""
+        path = paths.REASSIGN_PARTITIONS
+        for _ in range(attempts):
+            try:
+                data, stat = self.coord.get(path)
+                current, version = _decode_reassignments(data), stat.version
+            except NoNodeError:
+                current, version = {}, None
+            wanted = change(dict(current))
+            try:
+                if version is None:
+                    if wanted:
+                        self.coord.create(path, _encode_reassignments(wanted), makepath=True)
+                elif wanted:
+                    self.coord.set(path, _encode_reassignments(wanted), version)
+                else:
+                    self.coord.delete(path, version)
+                return wanted
+            except (BadVersionError, NodeExistsError, NoNodeError):
+                continue
+        raise BadVersionError(f"{path} kept changing over {attempts} attempts")
+
     def write_reassignments(self, remaining: dict[TopicPartition, tuple[int, ...]]) -> None:
         if not remaining:
             try:
@@ -413,3 +439,19 @@ class KafkaZkClient:
             self.coord.delete(path)
         except NoNodeError:
             pass
+
+
+def _decode_reassignments(data: bytes) -> dict[TopicPartition, tuple[int, ...]]:
+    try:
+        entries = json.loads(data)["partitions"]
+        return {(e["topic"], int(e["partition"])): tuple(int(r) for r in e["replicas"])
+                for e in entries}  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring malformed %s: %r", paths.REASSIGN_PARTITIONS, data[:200])
+        return {}
+
+
+def _encode_reassignments(entries: dict[TopicPartition, tuple[int, ...]]) -> bytes:
+    return json.dumps({"version": 1, "partitions": [
+        {"topic": t, "partition": p, "replicas": list(r)} for (t, p), r in sorted(entries.items())
+    ]}).encode()  # fmt: skip

@@ -40,16 +40,21 @@ class ApiKey(enum.IntEnum):
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
-    CREATE_PARTITIONS = 37
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
 
 
@@ -76,6 +81,12 @@ SUPPORTED: dict[ApiKey, VersionRange] = {
     ApiKey.CREATE_PARTITIONS: VersionRange(0, 3, 2),
     ApiKey.ELECT_LEADERS: VersionRange(0, 2, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: VersionRange(0, 1, 1),
+    ApiKey.DESCRIBE_CLUSTER: VersionRange(0, 1, 0),
+    # broker/records_apis.py. DescribeLogDirs v0 left Kafka 4's schemas (the clients': 1+).
+    ApiKey.DELETE_RECORDS: VersionRange(0, 2, 2),
+    ApiKey.DESCRIBE_LOG_DIRS: VersionRange(1, 4, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: VersionRange(0, 0, 0),  # broker/reassignment_apis.py
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: VersionRange(0, 0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: VersionRange(2, 3, 4),
     ApiKey.INIT_PRODUCER_ID: VersionRange(0, 4, 2),
     ApiKey.DESCRIBE_PRODUCERS: VersionRange(0, 0, 0),

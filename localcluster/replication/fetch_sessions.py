@@ -282,7 +282,8 @@ class FetchSessions:
                 continue
             if answer.error == errors.NONE:
                 ready.follower_appends.append(FollowerAppend(
-                    answer.tp, complete_batches(answer.records), answer.high_watermark))  # fmt: skip
+                    answer.tp, complete_batches(answer.records), answer.high_watermark,
+                    answer.log_start_offset))  # fmt: skip
             elif answer.error == errors.OFFSET_OUT_OF_RANGE:
                 state.list_offsets = LATEST_TIMESTAMP
                 ready.state_changes.append(OutOfRange(answer.tp, request.leader_id))

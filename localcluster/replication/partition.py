@@ -65,6 +65,7 @@ class ReplicaState:
     last_caught_up_time_ms: int = 0
     last_fetch_leader_log_end_offset: int = -1
     last_fetch_time_ms: int = 0
+    log_start_offset: int = -1  # from its fetches: DeleteRecords waits for it (low watermark)
 
 
 @dataclass(slots=True)
@@ -170,8 +171,8 @@ class Partition:
         self._check()
         return moved
 
-    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int,
-                                    now_ms: int) -> tuple[bool, IsrUpdate | None]:  # fmt: skip
+    def update_follower_fetch_state(self, replica_id: int, fetch_offset: int, now_ms: int,
+                                    log_start_offset: int = -1) -> tuple[bool, IsrUpdate | None]:  # fmt: skip
         """A follower fetched at `fetch_offset` (its log end offset). Returns (HW moved, ISR
         expansion to write or None). As Kafka's updateFetchState: a follower is caught up
         when it reaches the leader's end, or the end the leader had at its previous fetch."""
@@ -188,6 +189,7 @@ class Partition:
         replica.last_fetch_leader_log_end_offset = self.log_end_offset
         replica.last_fetch_time_ms = now_ms
         replica.log_end_offset = fetch_offset
+        replica.log_start_offset = log_start_offset
         update = self.maybe_expand_isr(replica_id)
         moved = self.maybe_increment_leader_hw()
         self._check()
@@ -277,10 +279,19 @@ class Partition:
         self._check()
 
     def on_log_start_offset(self, log_start_offset: int) -> None:
-        """Retention moved the log start (never past the high watermark)."""
+        """Retention or DeleteRecords moved the log start (never past the high watermark)."""
         assert log_start_offset <= self.high_watermark
         self.log_start_offset = log_start_offset
         self._check()
+
+    def low_watermark(self) -> int:
+        """Kafka's low watermark as DeleteRecords waits for it: the lowest log start offset
+        of the ISR's replicas (this leader's own, and each follower's from its last fetch)."""
+        assert self.is_leader
+        starts = [self.log_start_offset]
+        starts += [self.replicas[b].log_start_offset for b in self.isr
+                   if b != self.local_broker_id and b in self.replicas]  # fmt: skip
+        return min(starts)
 
     def in_sync_count(self) -> int:
         return len(self.isr)

@@ -4,7 +4,8 @@ typed actions, requests and state changes it carries.
 A step of `ReplicaCore` (an event and the time in, one Ready out) never does I/O; the runtime
 carries the Ready out in the order of its fields, and reports what only I/O can tell (an
 append's offsets, an ISR write's outcome, a leader's answer) as the next step:
-1. `log_actions`, in order: AssignEpoch, TruncateTo, TruncateFullyAndStartAt, DeleteLog. The
+1. `log_actions`, in order: AssignEpoch, TruncateTo, TruncateFullyAndStartAt,
+   IncrementLogStartOffset, DeleteLog. The
    core has already counted their effect on the partition's offsets (a truncation's result is
    known), so they run before anything else and before the next step.
 2. `follower_appends`: append each to the follower's log, then report it
@@ -60,6 +61,15 @@ class TruncateFullyAndStartAt:
 
 
 @dataclass(frozen=True, slots=True)
+class IncrementLogStartOffset:
+    """Move the log's start up to `offset` (at most the HW): DeleteRecords on the leader, the
+    leader's start learnt from a fetch on a follower. The runtime checkpoints it."""
+
+    tp: TopicPartition
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteLog:
     """StopReplica with delete: remove the log and its files."""
 
@@ -73,6 +83,7 @@ class FollowerAppend:
     tp: TopicPartition
     records: object  # bytes-like, whole batches only
     leader_high_watermark: int
+    leader_log_start_offset: int = -1
 
 
 # -- requests a fetch session sends to its leader, and what comes back ---------------------------

@@ -44,6 +44,7 @@ from localcluster.replication.ready import (
     AssignEpoch,
     DeleteLog,
     Following,
+    IncrementLogStartOffset,
     IsrChanged,
     IsrProposed,
     LeaderAndIsrRejected,
@@ -379,17 +380,22 @@ class ReplicaCore:
 
     # -- leader: fetches and epochs --------------------------------------------------------------
 
-    def record_follower_fetch(self, replica_id: int, partitions: Iterable[tuple[TopicPartition, int, int]],
+    def record_follower_fetch(self, replica_id: int, partitions: Iterable[tuple],
                               now_ms: int) -> Ready:  # fmt: skip
-        """A follower fetched (tp, fetch offset, the leader epoch it knows) for each partition."""
-        for tp, fetch_offset, current_leader_epoch in partitions:
+        """A follower fetched (tp, fetch offset, the leader epoch it knows[, its log start
+        offset]) for each partition. A moved follower start wakes DeleteRecords' waiters."""
+        for tp, fetch_offset, current_leader_epoch, *start in partitions:
             hosted = self.partitions.get(tp)
             if hosted is None or not hosted.state.is_leader:
                 continue
             if current_leader_epoch != hosted.state.leader_epoch:
                 continue
+            follower = hosted.state.replicas.get(replica_id)
+            log_start_offset = start[0] if start else -1
+            if follower is not None and follower.log_start_offset != log_start_offset:
+                self._out().wake_fetches = True
             moved, update = hosted.state.update_follower_fetch_state(
-                replica_id, fetch_offset, now_ms
+                replica_id, fetch_offset, now_ms, log_start_offset
             )
             if update is not None:
                 self._write_isr(update, self._out())
@@ -526,14 +532,47 @@ class ReplicaCore:
         self.fetch_sessions.on_request_failed(request, now_ms, self._out())
         return self._take()
 
-    def on_follower_appended(self, tp: TopicPartition, leader_high_watermark: int) -> Ready:
-        """A FollowerAppend is in the log (issue 14: replay its producer state here)."""
+    def on_follower_appended(self, tp: TopicPartition, leader_high_watermark: int,
+                             leader_log_start_offset: int = -1) -> Ready:  # fmt: skip
+        """A FollowerAppend is in the log: the HW follows the leader's, then the log start does
+        (as Kafka's fetcher, up to the new HW: DeleteRecords on the leader reaches here)."""
         hosted = self.partitions.get(tp)
         if hosted is None or hosted.state.is_leader:
             return EMPTY
-        hosted.state.on_follower_append(hosted.log.log_end_offset, leader_high_watermark)
-        self._out().wake_fetches = True
+        p = hosted.state
+        p.on_follower_append(hosted.log.log_end_offset, leader_high_watermark)
+        ready = self._out()
+        start = min(leader_log_start_offset, p.high_watermark)
+        if start > p.log_start_offset:
+            ready.log_actions.append(IncrementLogStartOffset(tp, start))
+            p.on_log_start_offset(start)
+        ready.wake_fetches = True
         return self._take()
+
+    # -- DeleteRecords ---------------------------------------------------------------------------
+
+    def delete_records(self, tp: TopicPartition, offset: int) -> tuple[int, int, Ready]:
+        """The leader's step of DeleteRecords: (error, the offset to wait for, Ready). -1 means
+        the HW, as in Kafka; past the HW is OFFSET_OUT_OF_RANGE; below the start moves nothing."""
+        error, hosted = self.leader_for(tp)
+        if hosted is None:
+            return error, -1, EMPTY
+        p = hosted.state
+        target = p.high_watermark if offset == -1 else offset
+        if not 0 <= target <= p.high_watermark:
+            return errors.OFFSET_OUT_OF_RANGE, -1, EMPTY
+        if target > p.log_start_offset:
+            self._out().log_actions.append(IncrementLogStartOffset(tp, target))
+            p.on_log_start_offset(target)
+            self._out().wake_fetches = True  # followers learn it from their next fetch answer
+        return errors.NONE, target, self._take()
+
+    def low_watermark(self, tp: TopicPartition) -> int | None:
+        """The ISR's lowest log start offset while this broker leads `tp`, else None."""
+        hosted = self.partitions.get(tp)
+        if hosted is None or not hosted.state.is_leader:
+            return None
+        return hosted.state.low_watermark()
 
     def on_follower_append_failed(self, tp: TopicPartition, reason: str, now_ms: int) -> Ready:
         self.fetch_sessions.on_append_failed(tp, reason, now_ms, self._out())

@@ -8,6 +8,7 @@ from localcluster.lazy_exports import lazy_getattr
 # Where each name lives; each is imported on first use (lazy_exports.py says why).
 _EXPORTS = {
     "LEADER_EPOCH_CHECKPOINT": "localcluster.storage.checkpoint",
+    "LOG_START_OFFSET_CHECKPOINT": "localcluster.storage.checkpoint",
     "RECOVERY_POINT_OFFSET_CHECKPOINT": "localcluster.storage.checkpoint",
     "REPLICATION_OFFSET_CHECKPOINT": "localcluster.storage.checkpoint",
     "CheckpointError": "localcluster.storage.checkpoint",

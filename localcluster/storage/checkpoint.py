@@ -4,7 +4,8 @@
     <count>              N
     <entry>              N lines, fields separated by one space
 
-`replication-offset-checkpoint` and `recovery-point-offset-checkpoint` hold
+`replication-offset-checkpoint`, `recovery-point-offset-checkpoint` and
+`log-start-offset-checkpoint` hold
 "topic partition offset" lines; `leader-epoch-checkpoint` holds "epoch start_offset" lines.
 A write goes to a temp file, is fsynced, renamed over the old file, and the directory is fsynced,
 so a reader sees the old file or the new one, never a mix. A missing file means "start from
@@ -25,6 +26,9 @@ VERSION = 0
 
 REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 RECOVERY_POINT_OFFSET_CHECKPOINT = "recovery-point-offset-checkpoint"
+# Kafka's name: where DeleteRecords (or a follower learning the leader's) moved a log's start
+# inside its first segment; the segments alone would put it back at their base after a restart.
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 
 

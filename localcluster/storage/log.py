@@ -5,6 +5,9 @@ Rules:
   baseOffset and partitionLeaderEpoch in place (outside the CRC); a follower's
   `append_as_follower` keeps the leader's offsets and epochs.
 - `log_start_offset <= recovery_point <= log_end_offset`; segments are contiguous and sorted.
+  The log start is the first segment's base, or past it where DeleteRecords moved it
+  (`increment_log_start_offset`: segments wholly below go at once, reads below it are out of
+  range); the caller checkpoints it (log-start-offset-checkpoint) and passes it to `open`.
 - The log knows nothing of high watermarks: readers pass `max_offset` (a consumer passes the HW).
 - Opening after a crash recovers every segment from the one holding the recovery point: each
   batch is validated, a torn or corrupt tail is cut and logged, indexes are rebuilt. A log
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster.storage import record_batch as rb
-from localcluster.storage import reservation
+from localcluster.storage import reservation, segment_swap
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
 from localcluster.storage.reservation import LogDirectoryFullError
@@ -57,6 +60,8 @@ class LogConfig:
     retention_bytes: int = -1  # log.retention.bytes (-1: no limit)
     retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
     prefault_bytes: int = 1 << 20  # pages prefaulted ahead of the write position
+    segment_ms: int = 7 * 24 * 3600 * 1000  # log.roll.ms: a segment this old rolls
+    log_append_time: bool = False  # message.timestamp.type=LogAppendTime (the caller stamps)
 
     def __post_init__(self):
         if not 2 * rb.HEADER_SIZE <= self.segment_bytes <= INT32_MAX:
@@ -104,6 +109,7 @@ class Log:
         self.config = config
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
+        self._start_offset = segments[0].base_offset  # moved past it by DeleteRecords
         self.leader_epoch_cache = LeaderEpochCache(directory / LEADER_EPOCH_CHECKPOINT)
         self.recovery_point = min(max(recovery_point, self.log_start_offset), self.log_end_offset)
         self.cuts: list[CutReport] = []
@@ -116,13 +122,15 @@ class Log:
              recovery_point: int = 0, log_start_offset: int = 0) -> Log:  # fmt: skip
         """Open (creating when new) the log in `directory`, recovering it after a crash.
 
-        `log_start_offset` only places the first segment of a new, empty log.
+        `log_start_offset` places the first segment of a new, empty log; of an existing one it
+        is the checkpointed start (DeleteRecords'), kept if the log still reaches it.
         """
         directory = Path(directory)
         config = config or LogConfig()
         directory.mkdir(parents=True, exist_ok=True)
         marker = directory / CLEAN_SHUTDOWN
         clean = marker.exists()
+        segment_swap.recover(directory)  # a cleaning killed midway: old or new segment
         _remove_leftovers(directory)
         bases = sorted(int(p.stem) for p in directory.glob("*" + SUFFIX) if p.stem.isdigit())
         segments: list[LogSegment] = []
@@ -154,6 +162,8 @@ class Log:
         segments[-1].make_appendable()
         opened = cls(directory, config, segments, recovery_point)
         opened.cuts = cuts
+        if log_start_offset > opened.log_start_offset:
+            opened._move_start(min(log_start_offset, opened.log_end_offset))
         opened._rebuild_epochs_from(recovered)
         opened.leader_epoch_cache.truncate_from_end(opened.log_end_offset)
         opened.leader_epoch_cache.truncate_from_start(opened.log_start_offset)
@@ -175,7 +185,7 @@ class Log:
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        return max(self._start_offset, self._segments[0].base_offset)
 
     @property
     def log_end_offset(self) -> int:
@@ -321,9 +331,30 @@ class Log:
         fits = (active.can_hold(header.size, 1)
                 and active.size + header.size <= self.config.segment_bytes)  # fmt: skip
         relative_ok = base_offset + header.last_offset_delta - active.base_offset <= INT32_MAX
-        if (fits and relative_ok) or active.size == 0:
+        if active.size == 0 or (fits and relative_ok and not self._aged(header.max_timestamp)):
             return
         self.roll(base_offset)
+
+    def _aged(self, timestamp_ms: int) -> bool:
+        """segment.ms, as Kafka's LogSegment.shouldRoll measures it: from the active segment's
+        first batch's max timestamp to `timestamp_ms` (an incoming batch's, or now)."""
+        active = self.active_segment
+        if not active.index.count:
+            return False
+        first = active.batch_header(0).max_timestamp
+        return first >= 0 and timestamp_ms - first > self.config.segment_ms
+
+    def maybe_roll_by_time(self, now_ms: int) -> bool:
+        """The retention check's segment.ms roll: an active segment older than it is sealed,
+        so retention can delete it once it expires. No space for the new one: not now."""
+        if not self._aged(now_ms):
+            return False
+        try:
+            self.roll()
+        except LogDirectoryFullError as e:
+            log.warning("log %s: segment.ms roll put off: %s", self.directory, e)
+            return False
+        return True
 
     def roll(self, new_base_offset: int | None = None) -> LogSegment:
         """Seal the active segment and start a new one at the log end."""
@@ -421,10 +452,12 @@ class Log:
                 header = segment.batch_header(i)
                 _, position = index.entry(i)
                 with segment.view(position, header.size) as batch:
+                    if header.last_offset < self.log_start_offset:
+                        continue
                     if header.compression:
-                        return header.base_offset, header.max_timestamp
+                        return max(header.base_offset, self.log_start_offset), header.max_timestamp
                     for record in rb.iter_records(batch):
-                        if record.timestamp >= timestamp:
+                        if record.timestamp >= timestamp and record.offset >= self.log_start_offset:
                             return record.offset, record.timestamp
         return None
 
@@ -473,9 +506,32 @@ class Log:
                                             self.config.max_index_entries,
                                             self.config.prefault_bytes)]  # fmt: skip
         self._bases = [offset]
+        self._start_offset = offset
         self.leader_epoch_cache.clear()
         self.recovery_point = offset
         log.info("log %s emptied; it now starts at offset %d", self.directory, offset)
+
+    def increment_log_start_offset(self, offset: int) -> bool:
+        """DeleteRecords (or a follower following its leader's start): records below `offset`
+        are gone; segments wholly below it are deleted now. False when the start is past it."""
+        assert offset <= self.log_end_offset, (offset, self.log_end_offset)
+        if offset <= self.log_start_offset:
+            return False
+        self._move_start(offset)
+        return True
+
+    def _move_start(self, offset: int) -> None:
+        self._start_offset = offset
+        deleted = 0
+        while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+            segment = self._segments.pop(0)
+            self._bases.pop(0)
+            segment.delete()
+            deleted += 1
+        self.leader_epoch_cache.truncate_from_start(offset)
+        self.recovery_point = max(self.recovery_point, offset)
+        log.info("log %s now starts at offset %d (%d segment(s) below it deleted)",
+                 self.directory, offset, deleted)  # fmt: skip
 
     def delete_old_segments(self, now_ms: int, high_watermark: int | None = None) -> int:
         """Retention: delete whole old segments past `retention.ms` or over `retention.bytes`.
@@ -484,6 +540,7 @@ class Log:
         Returns how many were deleted.
         """
         config = self.config
+        self.maybe_roll_by_time(now_ms)
         limit = self.log_end_offset if high_watermark is None else high_watermark
         excess = self.size_in_bytes - config.retention_bytes
         deleted = 0
@@ -509,6 +566,17 @@ class Log:
             self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
         return deleted
+
+    def replace_segment(self, old: LogSegment, new: LogSegment | None) -> None:
+        """The log cleaner's swap (its files are already in place): `new` (same base offset)
+        takes `old`'s place, or `old` goes when None. Readers holding `old` keep its data."""
+        k = self._segments.index(old)
+        assert old is not self.active_segment and (k > 0 or new is not None)
+        if new is None:
+            del self._segments[k], self._bases[k]
+        else:
+            assert new.base_offset == old.base_offset
+            self._segments[k] = new
 
     # -- durability ---------------------------------------------------------------------------
 

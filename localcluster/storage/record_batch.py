@@ -42,6 +42,8 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
+_INT16 = struct.Struct(">h")
+_UINT32 = struct.Struct(">I")
 
 
 class CorruptRecordError(ValueError):
@@ -372,3 +374,17 @@ def set_base_offset(buf, position: int, base_offset: int) -> None:
 
 def set_partition_leader_epoch(buf, position: int, epoch: int) -> None:
     _INT32.pack_into(buf, position + 12, epoch)
+
+
+def with_log_append_time(records, now_ms: int) -> bytearray:
+    """A copy of `records` whose every batch says LogAppendTime at `now_ms`, as Kafka's leader
+    stamps them (message.timestamp.type=LogAppendTime): the timestamp-type attribute bit and
+    maxTimestamp are inside the CRC's range, so each batch's CRC-32C is computed again. The
+    records' own deltas stay; a reader takes maxTimestamp for every record of such a batch."""
+    out = bytearray(records)
+    for position, header in iter_batches(out, check_crc=False):
+        _INT16.pack_into(out, position + CRC_START, header.attributes | TIMESTAMP_TYPE_MASK)
+        _INT64.pack_into(out, position + 35, now_ms)  # maxTimestamp
+        end = position + header.size
+        _UINT32.pack_into(out, position + 17, crc32c(memoryview(out)[position + CRC_START : end]))
+    return out

@@ -391,6 +391,8 @@ class LogSegment:
 
     def view(self, position: int, length: int) -> memoryview:
         assert 0 <= position and position + length <= self.size
+        if self._mm is None:  # an empty file is never mapped (a log's first segment, cleaned)
+            return memoryview(b"")
         return memoryview(self._mm)[position : position + length]
 
     def batch_header(self, i: int) -> rb.BatchHeader:

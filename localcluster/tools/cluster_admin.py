@@ -1,15 +1,14 @@
 """What the CLI's data commands do: topics, produce, consume, elections, reassignment, up.
 
 Talks to brokers with localcluster's own client (bootstrapped from the registrations in the
-store, so it works with either backend) and writes Kafka's admin znodes for what the
-controller acts on: /admin/delete_topics/<t>, /admin/preferred_replica_election and
-/admin/reassign_partitions, in Kafka's JSON formats. Faults raise ClusterError with one line;
+store, so it works with either backend): elections and reassignments through the Admin API
+(ElectLeaders, AlterPartitionReassignments), and it writes /admin/delete_topics/<t> (Kafka's
+znode) for a topic deletion. Faults raise ClusterError with one line;
 nothing here prints except `consume`, which streams records to the given writer.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -94,16 +93,39 @@ def list_topics(spec: ClusterSpec) -> list[str]:
 
 
 def describe_topic(spec: ClusterSpec, name: str) -> dict:
+    """Partitions, and every config with its value and source (kafka-configs --describe --all)."""
     from localcluster.client import KafkaError
 
     admin = _admin(spec)
     try:
         description = admin.describe_topic(name)
+        configs = admin.describe_configs(name)
     except KafkaError as e:
         raise _kafka_error(e, f"cannot describe topic {name!r}") from None
     finally:
         admin.close()
-    return describe_rows(description)
+    described = describe_rows(description)
+    described["configs"] = [{"name": k, "value": v.value, "source": v.source,
+                             "read_only": v.read_only} for k, v in sorted(configs.items())]  # fmt: skip
+    return described
+
+
+def alter_topic(spec: ClusterSpec, name: str, set_configs: dict[str, str],
+                delete: list[str]) -> dict:  # fmt: skip
+    """Set and delete a topic's config overrides; the topic's overrides afterwards."""
+    from localcluster.client import KafkaError
+
+    admin = _admin(spec)
+    try:
+        admin.alter_topic_configs(name, set_configs, delete)
+        configs = admin.describe_configs(name)
+    except KafkaError as e:
+        raise _kafka_error(e, f"cannot alter the config of topic {name!r}") from None
+    finally:
+        admin.close()
+    overrides = {k: v.value for k, v in sorted(configs.items())
+                 if v.source == "DYNAMIC_TOPIC_CONFIG"}  # fmt: skip
+    return {"topic": name, "set": set_configs, "deleted": delete, "overrides": overrides}
 
 
 def describe_producers(spec: ClusterSpec, name: str) -> dict:
@@ -274,32 +296,44 @@ def _partitions_for(client, target: str | None) -> list[tuple[str, int]]:
 
 
 def elect(spec: ClusterSpec, target: str | None, unclean: bool = False) -> dict:
-    """Write /admin/preferred_replica_election (Kafka's JSON), or our
-    /admin/unclean_leader_election in the same format; the controller elects."""
-    from localcluster.coord import NodeExistsError, paths
+    """ElectLeaders through our Admin client (preferred, or unclean); the controller elects and
+    the answer says per partition what happened (ELECTION_NOT_NEEDED: it leads already)."""
+    from localcluster.client import KafkaError
 
-    path = paths.UNCLEAN_LEADER_ELECTION if unclean else paths.PREFERRED_REPLICA_ELECTION
-    kind = "an unclean" if unclean else "a preferred replica"
     with cluster.store(spec) as client:
         chosen = _partitions_for(client, target)
-        if not chosen:
-            raise ClusterError("there are no partitions to elect leaders for; create a topic first")
-        body = {"version": 1, "partitions": [{"topic": t, "partition": p} for t, p in chosen]}
-        try:
-            client.create(path, json.dumps(body).encode(), makepath=True)
-        except NodeExistsError:
-            raise ClusterError(f"{kind} election is already in progress; try again when {path} "
-                               "is gone") from None  # fmt: skip
         controller = cluster.controller_id(client)
+    if not chosen:
+        raise ClusterError("there are no partitions to elect leaders for; create a topic first")
+    admin = _admin(spec)
+    try:
+        results = admin.elect_leaders(chosen, unclean=unclean, timeout_ms=CLIENT_TIMEOUT_MS)
+    except KafkaError as e:
+        raise _kafka_error(e, "cannot elect leaders") from None
+    finally:
+        admin.close()
     return {
-        "partitions": [{"topic": t, "partition": p} for t, p in chosen],
+        "partitions": [{"topic": t, "partition": p, "error": _error_name(results.get((t, p), -1))}
+                       for t, p in chosen],
         "controller": controller,
-    }
+    }  # fmt: skip
+
+
+def _error_name(code: int) -> str | None:
+    from kio.schema.errors import ErrorCode
+
+    if code == 0:
+        return None
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return str(code)
 
 
 def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int]) -> dict:
-    """Write /admin/reassign_partitions in Kafka's format; the controller moves the replicas."""
-    from localcluster.coord import NodeExistsError, paths
+    """AlterPartitionReassignments through our Admin client: answered once the controller took
+    the target up; it moves the replicas (`localcluster status` shows RAR until done)."""
+    from localcluster.client import KafkaError
 
     if len(set(replicas)) != len(replicas):
         raise ClusterError(f"--replicas {','.join(map(str, replicas))} names a broker twice")
@@ -309,15 +343,15 @@ def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int])
                            f"brokers {', '.join(map(str, spec.brokers))}")  # fmt: skip
     with cluster.store(spec) as client:
         _partitions_for(client, f"{topic}:{partition}")
-        body = {"version": 1, "partitions": [
-            {"topic": topic, "partition": partition, "replicas": replicas}]}  # fmt: skip
-        try:
-            client.create(paths.REASSIGN_PARTITIONS, json.dumps(body).encode(), makepath=True)
-        except NodeExistsError:
-            raise ClusterError("a partition reassignment is already in progress; try again when "
-                               f"{paths.REASSIGN_PARTITIONS} is gone (`localcluster status` "
-                               "shows RAR)") from None  # fmt: skip
         controller = cluster.controller_id(client)
+    admin = _admin(spec)
+    try:
+        admin.alter_partition_reassignments({(topic, partition): replicas},
+                                            timeout_ms=CLIENT_TIMEOUT_MS)  # fmt: skip
+    except KafkaError as e:
+        raise _kafka_error(e, f"cannot reassign {topic}:{partition}") from None
+    finally:
+        admin.close()
     return {"topic": topic, "partition": partition, "replicas": replicas, "controller": controller}
 
 

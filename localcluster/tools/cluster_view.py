@@ -196,6 +196,22 @@ def topic(described: dict) -> None:
     console().print(table)
 
 
+def topic_configs(described: dict, every: bool) -> None:
+    """The topic's overrides (every: all its configs), each with where its value comes from."""
+    rows = [c for c in described.get("configs", [])
+            if every or c["source"] == "DYNAMIC_TOPIC_CONFIG"]  # fmt: skip
+    if not rows:
+        console().print("configs: no overrides, every value is the broker's "
+                        "(--all-configs lists them)")  # fmt: skip
+        return
+    table = Table(title="configs" if every else "configs set on the topic", title_justify="left")
+    for name in ("name", "value", "source"):
+        table.add_column(name, no_wrap=True)
+    for c in rows:
+        table.add_row(c["name"], "-" if c["value"] is None else c["value"], c["source"])
+    console().print(table)
+
+
 def producers(described: dict) -> None:
     table = Table(title=f"producers of {described['topic']}", title_justify="left")
     for name in ("partition", "producer id", "epoch", "last sequence", "last timestamp"):

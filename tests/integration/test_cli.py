@@ -82,7 +82,7 @@ def test_topics_produce_consume(cli):
     assert "producer id" in cli.run("topic", "producers", "orders", check=True).stdout
 
 
-def test_elect_reassign_and_delete_write_the_admin_znodes(cli):
+def test_elect_reassign_and_delete_through_the_admin_api(cli):
     cli.run("topic", "create", "moves", "-p", "1", "-r", "2", check=True)
     result = cli.run("elect", "--preferred", "moves", check=True)
     assert "preferred replica election requested for 1 partitions" in result.stdout
@@ -101,6 +101,36 @@ def test_elect_reassign_and_delete_write_the_admin_znodes(cli):
     wait_until(
         lambda: "moves" not in cli.json("topic", "list"), 30, 0.2, "the controller deletes it"
     )
+
+
+def test_topic_configs_are_shown_with_their_source_and_altered_live(cli):
+    cli.run("topic", "create", "tuned", "--config", "retention.ms=100000", check=True)
+
+    def configs() -> dict:
+        return {c["name"]: (c["value"], c["source"])
+                for c in cli.json("topic", "describe", "tuned")["configs"]}  # fmt: skip
+
+    before = configs()
+    assert before["retention.ms"] == ("100000", "DYNAMIC_TOPIC_CONFIG")
+    assert before["segment.bytes"][1] in ("STATIC_BROKER_CONFIG", "DEFAULT_CONFIG")
+    shown = cli.run("topic", "describe", "tuned", check=True).stdout
+    assert "configs set on the topic" in shown and "retention.ms" in shown
+    assert "segment.bytes" not in shown  # only overrides unless --all-configs
+    assert "segment.bytes" in cli.run("topic", "describe", "tuned", "--all-configs",
+                                      check=True).stdout  # fmt: skip
+
+    result = cli.run("topic", "alter", "tuned", "--config", "max.message.bytes=200000",
+                     "--delete-config", "retention.ms", check=True)  # fmt: skip
+    assert "its overrides now: max.message.bytes=200000" in result.stdout
+    after = configs()
+    assert after["max.message.bytes"] == ("200000", "DYNAMIC_TOPIC_CONFIG")
+    assert after["retention.ms"][1] != "DYNAMIC_TOPIC_CONFIG"
+
+    # a bad value: one line naming the property, and nothing changes
+    line = one_line_error(cli.run("topic", "alter", "tuned", "--config", "retention.ms=-2"))
+    assert "retention.ms=-2" in line
+    assert configs() == after
+    assert cli.run("topic", "alter", "tuned").returncode == 2  # nothing to change: usage
 
 
 def test_kill_start_shutdown_and_signals(cli):

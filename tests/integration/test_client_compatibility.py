@@ -81,6 +81,7 @@ FEATURES = {
     "create_topic": "admin: create topic",
     "describe_configs": "admin: describe configs",
     "delete_topic": "admin: delete topic",
+    "delete_records": "admin: delete records",
     "groups": "admin: list and describe groups",
     "failover": "failover: kill -9 of the leader",
 }
@@ -299,6 +300,13 @@ class ConfluentKafka:
         admin = self._admin()
         admin.delete_topics([name], operation_timeout=10)[name].result(CALL_TIMEOUT_S)
 
+    def delete_records(self, name, offset):
+        from confluent_kafka import TopicPartition
+
+        admin = self._admin()
+        (future,) = admin.delete_records([TopicPartition(name, 0, offset)]).values()
+        return future.result(CALL_TIMEOUT_S).low_watermark
+
     def list_groups(self):
         admin = self._admin()
         result = admin.list_consumer_groups(request_timeout=10).result(CALL_TIMEOUT_S)
@@ -398,6 +406,14 @@ class KafkaPython:
 
     def delete_topic(self, name):
         self._with_admin(lambda a: a.delete_topics([name], timeout_ms=10_000))
+
+    def delete_records(self, name, offset):
+        from kafka.structs import TopicPartition
+
+        found = self._with_admin(lambda a: a.delete_records({TopicPartition(name, 0): offset},
+                                                            timeout_ms=10_000))  # fmt: skip
+        (answer,) = found.values()
+        return answer["low_watermark"]
 
     def list_groups(self):
         return {g["group_id"] for g in self._with_admin(lambda a: a.list_groups())}
@@ -526,6 +542,15 @@ class AioKafka:
         answer = self._admin_call(lambda a: a.delete_topics([name], timeout_ms=10_000))
         assert all(error == 0 for _, error, *_ in answer.topic_error_codes), answer
 
+    def delete_records(self, name, offset):
+        from aiokafka import TopicPartition
+        from aiokafka.admin.records_to_delete import RecordsToDelete
+
+        found = self._admin_call(lambda a: a.delete_records(
+            {TopicPartition(name, 0): RecordsToDelete(offset)}, timeout_ms=10_000))  # fmt: skip
+        (low,) = found.values()
+        return low
+
     def list_groups(self):
         return {g[0] for g in self._admin_call(lambda a: a.list_consumer_groups())}
 
@@ -543,7 +568,8 @@ class Kcat:
 
     name = "kcat"
     lacks = "kcat sends no admin requests"
-    create_topic = describe_configs = delete_topic = list_groups = describe_group = None
+    create_topic = describe_configs = delete_topic = delete_records = None
+    list_groups = describe_group = None
 
     def __init__(self, bootstrap: str):
         self.bootstrap = bootstrap
@@ -619,7 +645,8 @@ class LocalclusterClient:
         self.describe_configs = (
             self._describe_configs if hasattr(Admin, "describe_configs") else None
         )
-        self.delete_topic = self._delete_topic if hasattr(Admin, "delete_topic") else None
+        self.delete_topic = self._delete_topic if hasattr(Admin, "delete_topics") else None
+        self.delete_records = self._delete_records if hasattr(Admin, "delete_records") else None
 
     @staticmethod
     def version() -> str:
@@ -668,7 +695,11 @@ class LocalclusterClient:
 
     def _delete_topic(self, name):
         with self._admin() as admin:
-            admin.delete_topic(name)
+            admin.delete_topics([name])
+
+    def _delete_records(self, name, offset):
+        with self._admin() as admin:
+            return admin.delete_records({(name, 0): offset})[(name, 0)]
 
     def list_groups(self):
         with self._admin() as admin:
@@ -764,6 +795,16 @@ def cell_delete_topic(client, cluster: Cluster) -> None:
     wait_until(lambda: name not in cluster.topics(), CALL_TIMEOUT_S, 0.1, f"{name} deleted")
 
 
+def cell_delete_records(client, cluster: Cluster) -> None:
+    name = f"trimmed-{slug(client)}"
+    cluster.create(name)
+    cluster.produce(name, keyed(name, 10))
+    low = client.delete_records(name, 4)
+    assert low == 4, f"low watermark {low}"
+    offsets = [offset for _, offset, *_ in cluster.read(name)]
+    assert offsets[:1] == [4], f"reads from the beginning start at {offsets[:1]}"
+
+
 def cell_groups(client, cluster: Cluster) -> None:
     listed = client.list_groups()
     assert LISTED_GROUP in listed, f"listed {sorted(listed)}"
@@ -780,6 +821,7 @@ CELLS = {
     "create_topic": (cell_create_topic, ("create_topic",)),
     "describe_configs": (cell_describe_configs, ("describe_configs",)),
     "delete_topic": (cell_delete_topic, ("delete_topic",)),
+    "delete_records": (cell_delete_records, ("delete_records",)),
     "groups": (cell_groups, ("list_groups", "describe_group")),
 }
 

@@ -25,6 +25,7 @@ from tests.raw_connection import RawConnection
 
 UNSUPPORTED_VERSION = 35
 TOPIC = "versions"
+DELETED = "versions-deleted"  # DeleteRecords' own: later Fetches of TOPIC still start at 0
 
 
 class Raw(RawConnection):
@@ -43,9 +44,24 @@ def broker(tmp_path_factory):
         broker = started.start(1)
         raw = Raw(broker.port)
         created = raw.request(ApiKey.CREATE_TOPICS, 4, messages.encode_request(19, 4, {
-            "topics": [{"name": TOPIC, "num_partitions": 1, "replication_factor": 1}],
-            "timeout": 10_000}))  # fmt: skip
-        assert created.topics[0].error_code == 0, created
+            "topics": [{"name": name, "num_partitions": 1, "replication_factor": 1}
+                       for name in (TOPIC, DELETED)], "timeout": 10_000}))  # fmt: skip
+        assert [t.error_code for t in created.topics] == [0, 0], created
+        batch = encode_batch([Record(b"%d" % i) for i in range(4)])
+        answers = []
+
+        def produced() -> bool:
+            # A client retries a leader that has not taken the new partition up yet (the
+            # broker answers CreateTopics once the store has its state, before a broker that
+            # has had no UpdateMetadata yet has seen its LeaderAndIsr).
+            answer = raw.request(ApiKey.PRODUCE, 8, produce.write_produce_request(
+                produce.ProduceRequest(None, -1, 10_000, [
+                    (DELETED, [produce.ProducePartition(0, memoryview(batch))])]), 8))  # fmt: skip
+            answers.append(answer.responses[0].partition_responses[0].error_code)
+            assert answers[-1] in (0, 3, 6), answer  # none, or retriable until the leader has it
+            return answers[-1] == 0
+
+        wait_until(produced, timeout_s=15, interval_s=0.05, message="the fixture's produce")
         wait_for_group_coordinator(raw)
         raw.close()
         yield broker
@@ -272,6 +288,20 @@ def sample_request(api_key: int, version: int) -> bytes:
     if api_key == ApiKey.DESCRIBE_PRODUCERS:
         return messages.encode_request(api_key, version, {
             "topics": [{"name": TOPIC, "partition_indexes": [0]}]})  # fmt: skip
+    if api_key == ApiKey.DESCRIBE_CLUSTER:
+        return messages.encode_request(api_key, version, {
+            "include_cluster_authorized_operations": False, "endpoint_type": 1})  # fmt: skip
+    if api_key == ApiKey.DESCRIBE_LOG_DIRS:
+        return messages.encode_request(api_key, version, {"topics": None})
+    if api_key == ApiKey.ALTER_PARTITION_REASSIGNMENTS:  # to the replicas it has: done at once
+        return messages.encode_request(api_key, version, {"timeout": 10_000, "topics": [
+            {"name": TOPIC, "partitions": [{"partition_index": 0, "replicas": [1]}]}]})  # fmt: skip
+    if api_key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        return messages.encode_request(api_key, version, {"timeout": 10_000, "topics": None})
+    if api_key == ApiKey.DELETE_RECORDS:  # v0 and v1 move the start by one, v2 to the HW (4)
+        return messages.encode_request(api_key, version, {"topics": [{"name": DELETED, "partitions": [
+            {"partition_index": 0, "offset": version + 1 if version < 2 else -1}]}],
+            "timeout": 10_000})  # fmt: skip
     raise AssertionError(f"no sample for {api_key}")
 
 
@@ -328,6 +358,27 @@ def check_response(api_key: int, version: int, response) -> None:
     elif api_key == ApiKey.INIT_PRODUCER_ID:
         assert response.error_code == 0 and response.producer_id >= 0, response
         assert response.producer_epoch == 0, response
+    elif api_key == ApiKey.DESCRIBE_CLUSTER:
+        assert (response.error_code, response.controller_id) == (0, 1), response
+        assert [b.broker_id for b in response.brokers] == [1] and response.cluster_id, response
+        assert response.cluster_authorized_operations == -(2**31), response
+    elif api_key == ApiKey.DESCRIBE_LOG_DIRS:
+        (result,) = response.results
+        sizes = {(t.name, p.partition_index): p.partition_size
+                 for t in result.topics for p in t.partitions}  # fmt: skip
+        assert result.error_code == 0 and sizes[(TOPIC, 0)] > 0, response
+    elif api_key == ApiKey.ALTER_PARTITION_REASSIGNMENTS:
+        (partition,) = response.responses[0].partitions
+        assert (response.error_code, partition.error_code) == (0, 0), response
+    elif api_key == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        assert response.error_code == 0 and response.topics == (), response
+    elif api_key == ApiKey.DELETE_RECORDS:
+        (partition,) = response.topics[0].partitions
+        assert partition.error_code == 0, response
+        if version < 2:
+            assert partition.low_watermark == version + 1, response
+        else:  # -1: the high watermark, past the fixture's four records
+            assert partition.low_watermark == 4, response
 
 
 # Produce first so that every Fetch and ListOffsets version finds a record.
@@ -335,7 +386,9 @@ ORDER = [ApiKey.PRODUCE, ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.FETCH,
          ApiKey.LIST_OFFSETS, ApiKey.CREATE_TOPICS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
          ApiKey.INIT_PRODUCER_ID, ApiKey.DESCRIBE_PRODUCERS, *GROUP_APIS, ApiKey.CREATE_PARTITIONS,
          ApiKey.DELETE_TOPICS, ApiKey.DESCRIBE_CONFIGS, ApiKey.ALTER_CONFIGS,
-         ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ELECT_LEADERS]  # fmt: skip
+         ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ELECT_LEADERS, ApiKey.DESCRIBE_CLUSTER,
+         ApiKey.DESCRIBE_LOG_DIRS, ApiKey.DELETE_RECORDS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+         ApiKey.LIST_PARTITION_REASSIGNMENTS]  # fmt: skip
 EVERY_ADVERTISED = [(k, v) for k in ORDER for v in range(SUPPORTED[k].min, SUPPORTED[k].max + 1)]
 # The controller's requests change leadership; they are tested where a controller is.
 CONTROLLER_APIS = {ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA,

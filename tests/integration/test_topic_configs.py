@@ -12,7 +12,13 @@ from localcluster.client import Admin
 from tests.helpers import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 
 def create(boot: str, name: str, config: dict, rf: int = 1):
@@ -213,10 +219,10 @@ def test_elect_leaders_preferred_and_unclean_through_the_admin_client(brokers):
         client = AdminClient({"bootstrap.servers": live})  # restarts moved the ports
         return client.elect_leaders(kind, [tp]).result(timeout_s + 10)[tp]
 
-    def state():
+    def state(topic="elected"):
         with Admin(bootstrap_servers=",".join(b.bootstrap for b in started.values()
                                               if b.is_alive())) as ours:  # fmt: skip
-            return ours.describe_topic("elected").partitions[0]
+            return ours.describe_topic(topic).partitions[0]
 
     not_needed = elect(ElectionType.PREFERRED)
     assert (
@@ -230,11 +236,28 @@ def test_elect_leaders_preferred_and_unclean_through_the_admin_client(brokers):
                message="the other replica leads and the preferred one is back in the ISR")  # fmt: skip
     assert elect(ElectionType.PREFERRED) is None
     assert state().leader == preferred
-    # unclean: the ISR shrinks to the leader, which dies; the out-of-sync replica comes back
+    # unclean: the ISR shrinks to the leader, which dies; the out-of-sync replica comes back.
+    # A second topic on the same two replicas goes the same way, and is brought back by
+    # turning unclean.leader.election.enable on (live, as Kafka's controller does) instead.
+    with Admin(bootstrap_servers=boot) as ours:
+        ours.create_topic("enabled", replica_assignment={0: [preferred, other]})
+        ours.wait_for_leaders("enabled")
     started[other].stop()
-    wait_until(lambda: state().isr == (preferred,), timeout_s=30, message="the ISR shrinks")
+    wait_until(lambda: state().isr == (preferred,) and state("enabled").isr == (preferred,),
+               timeout_s=30, message="the ISRs shrink")  # fmt: skip
     started[preferred].kill()
     started[other] = brokers.restart(started[other])
-    wait_until(lambda: state().leader == -1, timeout_s=30, message="the partition is offline")
+    wait_until(lambda: state().leader == -1 and state("enabled").leader == -1, timeout_s=30,
+               message="both partitions are offline")  # fmt: skip
     assert elect(ElectionType.UNCLEAN) is None
     assert state().leader == other
+    assert state("enabled").leader == -1  # an election for one topic leaves the other alone
+    live = ",".join(b.bootstrap for b in started.values() if b.is_alive())
+    client = AdminClient({"bootstrap.servers": live})  # kept: its results need the handle
+    altered = client.incremental_alter_configs([
+        ConfigResource("topic", "enabled", incremental_configs=[
+            ConfigEntry("unclean.leader.election.enable", "true",
+                        incremental_operation=AlterConfigOpType.SET)])])  # fmt: skip
+    assert [f.result(20) for f in altered.values()] == [None]
+    wait_until(lambda: state("enabled").leader == other, timeout_s=20,
+               message="the controller elects the out-of-sync replica once the config allows it")  # fmt: skip

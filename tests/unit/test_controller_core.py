@@ -478,6 +478,27 @@ def test_unclean_election_enabled_for_the_topic_elects_an_out_of_sync_replica():
     """)
 
 
+def test_enabling_unclean_election_for_a_topic_elects_its_offline_partitions_at_once():
+    h = running(topics={"t": {0: (1, 2)}}, states={T0: (1, 3, (1,), 7)})
+    del h.store.brokers[1]
+    h.quiet(ev.BrokerChange())
+    assert h.core.ctx.partition_states.state(T0) == PartitionState.OFFLINE
+    # the event comes before the config changed (a notification seen twice): nothing happens
+    assert h.step(ev.TopicUncleanLeaderElectionEnable("t")) == expect("""
+        store ReadTopics t
+    """)
+    h.store.configs["t"] = {"unclean.leader.election.enable": "true"}
+    assert h.step(ev.TopicUncleanLeaderElectionEnable("t")) == expect("""
+        store ReadTopics t
+        note t: unclean.leader.election.enable is now true; electing for 1 offline partition(s)
+        store WritePartitionStates t-0=2/e5/[2]@v8 -> t-0@v9
+        note t-0: leader 2 elected (offline) in epoch 5, ISR [2] UNCLEAN (not in the ISR: records may be lost)
+        LeaderAndIsr c5 -> 2: t-0 2/e5/[2] v9 ar [1,2]
+        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e5/[2] v9 offline [1]
+    """)
+    assert h.step(ev.TopicUncleanLeaderElectionEnable("gone")) == expect("")
+
+
 def test_an_unclean_election_on_request_takes_any_live_replica_of_a_leaderless_partition():
     h = running(topics={"t": {0: (1, 2)}}, states={T0: (1, 3, (1,), 7)})
     del h.store.brokers[1]

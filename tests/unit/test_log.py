@@ -474,8 +474,10 @@ def test_retention_by_time_and_high_watermark(tmp_path):
     # the high watermark bounds retention: only segments wholly below it go
     assert log.delete_old_segments(now_ms=10**12, high_watermark=bases[3] - 1) == 1
     assert log.log_start_offset == bases[2]
-    assert log.delete_old_segments(now_ms=10**12) == len(bases) - 3
-    assert len(log.segments) == 1  # never the active segment
+    # at 10**12 the active segment is older than segment.ms too: the check rolled it (as
+    # Kafka's retention does), so it goes with the rest; the new active one stays, empty
+    assert log.delete_old_segments(now_ms=10**12) == len(bases) - 2
+    assert len(log.segments) == 1 and log.active_segment.size == 0
     assert log.log_end_offset == 12
     log.close()
 
@@ -836,3 +838,34 @@ def test_a_real_full_tmpfs_is_an_error_not_sigbus_and_recovery_reads_no_hole(tmp
         return {"values": recovered}
 
     assert in_child(tmp_path, recover)["values"] == filled["values"]
+
+
+def test_segment_ms_rolls_at_an_append_or_the_retention_check(tmp_path):
+    config = LogConfig(segment_bytes=1 << 16, segment_index_bytes=4096, segment_ms=1500,
+                       prefault_bytes=4096)  # fmt: skip
+    log = Log.open(tmp_path, config)
+    fill(log, [(1, 10)] * 3)  # timestamps 0, 1000, 2000: the third is 2000 ms after the first
+    assert [s.base_offset for s in log.segments] == [0, 2]
+    assert not log.maybe_roll_by_time(now_ms=3500)  # 1500 ms after the active one's first
+    assert log.maybe_roll_by_time(now_ms=3501)
+    assert [s.base_offset for s in log.segments] == [0, 2, 3] and log.active_segment.size == 0
+    assert not log.maybe_roll_by_time(now_ms=10**12)  # an empty segment does not age
+    log.close()
+
+
+def test_log_start_offset_moves_inside_a_segment_and_survives_reopening(tmp_path):
+    log = Log.open(tmp_path, SMALL)
+    fill(log, [(1, 300)] * 12)
+    bases = [s.base_offset for s in log.segments]
+    inside = bases[2] + 1
+    assert log.increment_log_start_offset(inside)
+    assert not log.increment_log_start_offset(inside - 1)  # never backwards
+    assert log.log_start_offset == inside and log.segments[0].base_offset == bases[2]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(inside - 1, 1 << 20)
+    assert log.read(inside, 1 << 20).slices
+    log.close()
+    again = Log.open(tmp_path, SMALL, log_start_offset=inside)
+    assert again.log_start_offset == inside
+    assert [s.base_offset for s in again.segments][0] == bases[2]
+    again.close()

@@ -277,3 +277,15 @@ def test_record_length_inconsistent_with_fields_is_corrupt():
     validate_batch(data)
     with pytest.raises(CorruptRecordError, match="record length does not match"):
         list(iter_records(data))
+
+
+def test_log_append_time_stamps_every_batch_and_its_crc_still_holds():
+    from localcluster.storage.record_batch import TIMESTAMP_TYPE_MASK, with_log_append_time
+
+    first = encode_batch([Record(b"a", timestamp=5), Record(b"b", timestamp=6)])
+    second = encode_batch([Record(b"c", timestamp=7)])
+    stamped = with_log_append_time(first + second, 123_456)
+    headers = [h for _, h in iter_batches(stamped)]  # checks each CRC
+    assert [h.max_timestamp for h in headers] == [123_456, 123_456]
+    assert all(h.attributes & TIMESTAMP_TYPE_MASK for h in headers)
+    assert [h.base_timestamp for h in headers] == [5, 7]  # the records' own deltas stay
