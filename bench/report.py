@@ -425,6 +425,12 @@ def section_scaling(docs: dict, directory: Path) -> list[str]:
                    "partition with a live leader and a full ISR. Controller failover: from the SIGKILL of the "
                    "controller's broker until a survivor's Metadata names a live leader for every partition the "
                    "dead broker led.\n")  # fmt: skip
+    skipped = [s for s in sc.get("skipped", []) if s.get("skipped")]
+    out += [
+        f"- {s['partitions']:,} partitions on {s['brokers']} brokers: {s['skipped']}"
+        for s in skipped
+    ]
+    return out
 
 
 def section_cleaner(docs: dict) -> list[str]:

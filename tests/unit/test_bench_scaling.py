@@ -88,3 +88,18 @@ def test_the_full_run_has_the_issues_sizes():
 def test_partition_counts_beyond_the_open_files_limit_are_known_before_they_run():
     # 10,000 RF 3 on 5 brokers: 6,000 replicas each, 4 descriptors per replica
     assert descriptors_needed(10000, 5) > 20000 >= descriptors_needed(6000, 5)
+
+
+def test_the_report_section_lists_every_cell_and_what_was_skipped(tmp_path):
+    from bench.report import section_scaling
+
+    latency = {"p50": 1.0, "p99": 2.0, "p99.9": 3.0}
+    doc = {"config": {"broker_curve_partitions": 18},
+           "partitions": [{"partitions": 6, "brokers": 3, "records_per_s": 1000.0, "latency_ms": latency, "errors": 0}],
+           "brokers": [], "skipped": [{"partitions": 10000, "brokers": 5, "skipped": "not run: open files"}],
+           "controller": [{"partitions": 100, "brokers": 5, "create_s": 1.0, "up_s": 2.0, "kills": [{}],
+                           "failover_p50_s": 0.3, "failover_p99_s": 0.4}]}  # fmt: skip
+    text = "\n".join(section_scaling({"scaling": doc}, tmp_path))
+    assert "| 6 | 3 | 1,000 |" in text and "| 100 | 5 | 1.00 | 2.00 | 1 | 300 | 400 |" in text
+    assert "10,000 partitions on 5 brokers: not run: open files" in text
+    assert section_scaling({}, tmp_path) == ["_bench.scaling did not run._", ""]
