@@ -43,14 +43,18 @@ demo: $(VENV)/.installed-base
 	$(BIN)/python -m localcluster.tools.cluster_demo
 
 # The simulator and the unit tests are CPU-bound and independent of each other: two workers
-# (pytest-xdist) share them over the two cores, the simulator's long sweeps first. The
-# integration tests time real processes (failovers, session timeouts) and run alone after
-# them. Both parts always run; either failing fails the target. PYTEST_ARGS=... runs just those.
+# (pytest-xdist) share them over the two cores, the simulator's long sweeps first, with the
+# integration modules that time nothing (files, raw requests, output: no failover, no session
+# timeout, no latency bound). The other integration tests time real processes and run alone
+# after them. Both parts always run; either failing fails the target. PYTEST_ARGS=... runs
+# just those.
+UNTIMED_INTEGRATION := $(addprefix tests/integration/,test_log_corruption.py test_log_crash.py \
+	test_protocol_versions.py test_bad_input.py test_output_in_pipes.py test_kcat.py)
 test: $(VENV)/.installed-test system-deps
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
-	$(BIN)/python -m pytest -n 2 tests/sim tests/unit || status=1; \
-	$(BIN)/python -m pytest tests/integration || status=1; \
+	$(BIN)/python -m pytest -n 2 --durations=15 tests/sim tests/unit $(UNTIMED_INTEGRATION) || status=1; \
+	$(BIN)/python -m pytest --durations=25 tests/integration $(addprefix --ignore=,$(UNTIMED_INTEGRATION)) || status=1; \
 	exit $$status
 else
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
