@@ -369,13 +369,31 @@ class KafkaPython:
 
     def group_consume(self, topic, group, count):
         from kafka import KafkaConsumer
+        from kafka.errors import RebalanceInProgressError
 
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=group,
                                  enable_auto_commit=False, auto_offset_reset="earliest")  # fmt: skip
         try:
+            # kafka-python 3.0 races its first metadata against its first rebalance. A leader
+            # that assigns before its metadata holds the topic ("No partition metadata for
+            # topic") assigns nothing and can stay idle, so the topic's partitions are read
+            # first, as an application that just created it would. The metadata update that
+            # follows the join then makes it rejoin once, and a commit during that rebalance
+            # raises REBALANCE_IN_PROGRESS; its advice, followed here: poll (the rebalance
+            # completes and the member reads again from the committed offsets), commit again.
+            assert consumer.partitions_for_topic(topic), (
+                f"kafka-python sees no partitions of {topic}"
+            )
             consumer.subscribe([topic])
             got = self._poll_until(consumer, count)
-            consumer.commit()
+            for attempt in range(3):
+                try:
+                    consumer.commit()
+                    break
+                except RebalanceInProgressError:
+                    if attempt == 2:
+                        raise
+                    got = self._poll_until(consumer, count)
             return [r.value for r in got]
         finally:
             consumer.close()
