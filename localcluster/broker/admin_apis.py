@@ -83,15 +83,6 @@ class AdminApis:
                 ApiKey.INCREMENTAL_ALTER_CONFIGS: self.handle_incremental_alter_configs,
                 ApiKey.DESCRIBE_CLUSTER: self.handle_describe_cluster}  # fmt: skip
 
-    @staticmethod
-    def _decode(header, reader):
-        return messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
-
-    @staticmethod
-    def _encode(header, data: dict) -> bytes:
-        return messages.encode_response(header.api_key, header.api_version,
-                                        {"throttle_time": 0, **data})  # fmt: skip
-
     async def _assignment(self, name: str):
         """The topic's assignment from the store; None when it does not exist (an illegal name
         is never looked up: it is no znode path)."""
@@ -102,10 +93,10 @@ class AdminApis:
     # -- DescribeCluster ------------------------------------------------------------------------
 
     async def handle_describe_cluster(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         endpoint_type = getattr(request, "endpoint_type", BROKERS_ENDPOINT)
         if endpoint_type != BROKERS_ENDPOINT:
-            return self._encode(header, {
+            return messages.write_response(header, {
                 "error_code": ErrorCode.unsupported_endpoint_type, "endpoint_type": endpoint_type,
                 "error_message": "ZooKeeper mode has no controller endpoints: ask for brokers (1)",
                 "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})  # fmt: skip
@@ -115,7 +106,7 @@ class AdminApis:
         brokers, _ = self.metadata.brokers_on(context.listener, live)
         operations = (CLUSTER_OPERATIONS if request.include_cluster_authorized_operations
                       else AUTHORIZED_OPERATIONS_OMITTED)  # fmt: skip
-        return self._encode(header, {
+        return messages.write_response(header, {
             "error_code": 0, "endpoint_type": BROKERS_ENDPOINT, "cluster_id": cluster_id,
             "controller_id": -1 if controller is None else controller,
             "brokers": [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"],
@@ -125,7 +116,7 @@ class AdminApis:
     # -- DeleteTopics --------------------------------------------------------------------------
 
     async def handle_delete_topics(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         if header.api_version >= 6:
             names = [(t.name, t.topic_id) for t in request.topics]
         else:
@@ -133,7 +124,7 @@ class AdminApis:
         deadline = time.monotonic() + max(request.timeout.total_seconds(), 0)
         results = await asyncio.gather(*(self._delete(name, topic_id, deadline)
                                          for name, topic_id in names))  # fmt: skip
-        return self._encode(header, {"responses": list(results)})
+        return messages.write_response(header, {"responses": list(results)})
 
     async def _delete(self, name: str | None, topic_id, deadline: float) -> dict:
         def result(code, message=None):
@@ -160,7 +151,7 @@ class AdminApis:
     # -- CreatePartitions ---------------------------------------------------------------------
 
     async def handle_create_partitions(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         deadline_ms = time.monotonic() * 1000 + max(request.timeout.total_seconds() * 1000, 0)
         results, grown = [], {}
         for topic in request.topics:
@@ -169,7 +160,7 @@ class AdminApis:
             if code == ErrorCode.none and not request.validate_only:
                 grown[topic.name] = topic.count
         await self.metadata.wait_for_topics(list(grown), int(deadline_ms), grown)
-        return self._encode(header, {"results": results})
+        return messages.write_response(header, {"results": results})
 
     async def _add_partitions(self, topic, validate_only: bool) -> tuple[int, str | None]:
         name, zk = topic.name, self.metadata.zk
@@ -209,7 +200,7 @@ class AdminApis:
     # -- ElectLeaders ---------------------------------------------------------------------------
 
     async def handle_elect_leaders(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         unclean = getattr(request, "election_type", PREFERRED) == UNCLEAN
         deadline = time.monotonic() + max(request.timeout.total_seconds(), 0)
         asked = None if request.topic_partitions is None else [
@@ -228,7 +219,7 @@ class AdminApis:
             by_topic.setdefault(topic, []).append(
                 {"partition_id": partition, "error_code": code, "error_message": message}
             )
-        return self._encode(header, {"error_code": 0, "replica_election_results": [
+        return messages.write_response(header, {"error_code": 0, "replica_election_results": [
             {"topic": t, "partition_result": rows} for t, rows in by_topic.items()]})  # fmt: skip
 
     def _election_verdicts(self, asked, unclean: bool) -> dict:
@@ -290,7 +281,7 @@ class AdminApis:
     # -- DescribeConfigs ----------------------------------------------------------------------
 
     async def handle_describe_configs(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         synonyms = getattr(request, "include_synonyms", False)
         documentation = getattr(request, "include_documentation", False)
         results = []
@@ -307,7 +298,7 @@ class AdminApis:
                           "described here (topics: 2, brokers: 4)", "configs": []}  # fmt: skip
             results.append({"resource_type": resource.resource_type,
                             "resource_name": resource.resource_name, **result})  # fmt: skip
-        return self._encode(header, {"results": results})
+        return messages.write_response(header, {"results": results})
 
     async def _describe_topic(self, name: str, keys, synonyms: bool, documentation: bool) -> dict:
         zk = self.metadata.zk
@@ -358,7 +349,7 @@ class AdminApis:
     # -- AlterConfigs / IncrementalAlterConfigs --------------------------------------------------
 
     async def handle_alter_configs(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
 
         def replace(_current: dict, resource) -> dict:
             return {c.name: c.value for c in resource.configs}
@@ -366,7 +357,7 @@ class AdminApis:
         return await self._alter(header, request, replace)
 
     async def handle_incremental_alter_configs(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         return await self._alter(header, request, _apply_operations)
 
     async def _alter(self, header, request, change) -> bytes:
@@ -376,7 +367,7 @@ class AdminApis:
             responses.append({"error_code": code, "error_message": message,
                               "resource_type": resource.resource_type,
                               "resource_name": resource.resource_name})  # fmt: skip
-        return self._encode(header, {"responses": responses})
+        return messages.write_response(header, {"responses": responses})
 
     async def _alter_one(self, resource, change, validate_only: bool) -> tuple[int, str | None]:
         if resource.resource_type != TOPIC_RESOURCE:

@@ -29,8 +29,7 @@ from localcluster.broker.network import ConnectionContext
 from localcluster.group import GroupCoordinatorShard, ShardState, partition_for
 from localcluster.group import messages as m
 from localcluster.protocol import messages
-from localcluster.protocol.api import ApiKey, RequestHeader
-from localcluster.protocol.wire import Reader
+from localcluster.protocol.api import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -87,19 +86,10 @@ class GroupApis:
     async def _ask(self, group_id: str, request):
         return await self.coordinator.handle(self._shard(group_id), request)
 
-    @staticmethod
-    def _decode(header: RequestHeader, reader: Reader):
-        return messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
-
-    @staticmethod
-    def _encode(header: RequestHeader, data: dict) -> bytes:
-        return messages.encode_response(header.api_key, header.api_version,
-                                        {"throttle_time": 0, **data})  # fmt: skip
-
     # -- FindCoordinator ---------------------------------------------------------------------
 
     async def handle_find_coordinator(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         keys = request.coordinator_keys if header.api_version >= 4 else (request.key,)
         if getattr(request, "key_type", GROUP_KEY_TYPE) != GROUP_KEY_TYPE:
             found = {k: (ErrorCode.invalid_request, "only group coordinators exist here "
@@ -109,10 +99,10 @@ class GroupApis:
         entries = [{"key": k, "error_code": found[k][0], "error_message": found[k][1],
                     **(found[k][2] or {"node_id": -1, "host": "", "port": -1})} for k in keys]  # fmt: skip
         if header.api_version >= 4:
-            return self._encode(header, {"coordinators": entries})
+            return messages.write_response(header, {"coordinators": entries})
         entry = entries[0]
         del entry["key"]
-        return self._encode(header, entry)
+        return messages.write_response(header, entry)
 
     async def _locate(self, keys, context: ConnectionContext) -> dict:
         data = await self.metadata.describe([OFFSETS_TOPIC], False, context.listener)
@@ -161,7 +151,7 @@ class GroupApis:
     # -- membership ----------------------------------------------------------------------------
 
     async def handle_join_group(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         request = m.JoinGroupRequest(
             group_id=r.group_id, session_timeout_ms=_ms(r.session_timeout), member_id=r.member_id,
             protocol_type=r.protocol_type,
@@ -171,25 +161,25 @@ class GroupApis:
             rebalance_timeout_ms=_ms(getattr(r, "rebalance_timeout", None)),
             group_instance_id=getattr(r, "group_instance_id", None),
             reason=getattr(r, "reason", None))  # fmt: skip
-        return self._encode(header, _wire(await self._ask(r.group_id, request)))
+        return messages.write_response(header, _wire(await self._ask(r.group_id, request)))
 
     async def handle_sync_group(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         request = m.SyncGroupRequest(
             r.group_id, r.generation_id, r.member_id,
             tuple(m.SyncGroupAssignment(a.member_id, a.assignment) for a in r.assignments),
             getattr(r, "group_instance_id", None), getattr(r, "protocol_type", None),
             getattr(r, "protocol_name", None))  # fmt: skip
-        return self._encode(header, _wire(await self._ask(r.group_id, request)))
+        return messages.write_response(header, _wire(await self._ask(r.group_id, request)))
 
     async def handle_heartbeat(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         request = m.HeartbeatRequest(r.group_id, r.generation_id, r.member_id,
                                      getattr(r, "group_instance_id", None))  # fmt: skip
-        return self._encode(header, _wire(await self._ask(r.group_id, request)))
+        return messages.write_response(header, _wire(await self._ask(r.group_id, request)))
 
     async def handle_leave_group(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         if header.api_version < 3:
             members = (m.MemberIdentity(r.member_id),)
         else:
@@ -199,13 +189,13 @@ class GroupApis:
         if header.api_version < 3:
             error = response.error_code or (response.members[0].error_code
                                             if response.members else 0)  # fmt: skip
-            return self._encode(header, {"error_code": error})
-        return self._encode(header, _wire(response))
+            return messages.write_response(header, {"error_code": error})
+        return messages.write_response(header, _wire(response))
 
     # -- offsets ---------------------------------------------------------------------------------
 
     async def handle_offset_commit(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         known = await self._known_partitions({t.name for t in r.topics})
         unknown, topics = [], []
         for t in r.topics:
@@ -229,7 +219,7 @@ class GroupApis:
             for t in response.topics:
                 for p in t.partitions:
                     errors[(t.name, p.partition_index)] = p.error_code
-        return self._encode(header, {"topics": [
+        return messages.write_response(header, {"topics": [
             {"name": t.name, "partitions": [
                 {"partition_index": p.partition_index,
                  "error_code": errors.get((t.name, p.partition_index), 0)} for p in t.partitions]}
@@ -252,7 +242,7 @@ class GroupApis:
         return await asyncio.to_thread(from_store)
 
     async def handle_offset_fetch(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         if header.api_version >= 8:
             groups = [m.OffsetFetchGroup(g.group_id, None if g.topics is None else tuple(
                 m.OffsetFetchTopic(t.name, tuple(t.partition_indexes)) for t in g.topics))
@@ -269,7 +259,7 @@ class GroupApis:
             lambda response: response.groups)  # fmt: skip
         results = [answered[g.group_id] for g in groups]
         if header.api_version >= 8:
-            return self._encode(header, {"groups": _wire(results)})
+            return messages.write_response(header, {"groups": _wire(results)})
         group = results[0]
         topics = _wire(group.topics)
         if header.api_version < 2 and group.error_code:
@@ -277,19 +267,19 @@ class GroupApis:
             topics = [{"name": t.name, "partitions": [
                 {"partition_index": p, "committed_offset": -1, "error_code": group.error_code}
                 for p in t.partition_indexes]} for t in groups[0].topics or ()]  # fmt: skip
-        return self._encode(header, {"topics": topics, "error_code": group.error_code})
+        return messages.write_response(header, {"topics": topics, "error_code": group.error_code})
 
     async def handle_offset_delete(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         request = m.OffsetDeleteRequest(r.group_id, tuple(
             m.OffsetFetchTopic(t.name, tuple(p.partition_index for p in t.partitions))
             for t in r.topics))  # fmt: skip
-        return self._encode(header, _wire(await self._ask(r.group_id, request)))
+        return messages.write_response(header, _wire(await self._ask(r.group_id, request)))
 
     # -- group administration ------------------------------------------------------------------
 
     async def handle_list_groups(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         request = m.ListGroupsRequest(tuple(getattr(r, "states_filter", ())),
                                       tuple(getattr(r, "types_filter", ())))  # fmt: skip
         shards = self.coordinator.loaded_shards()
@@ -298,23 +288,25 @@ class GroupApis:
         loading = any(s.state is ShardState.LOADING for s in shards)
         groups = [g for response in responses for g in response.groups]
         error = ErrorCode.coordinator_load_in_progress if loading else 0
-        return self._encode(header, {"error_code": error, "groups": _wire(groups)})
+        return messages.write_response(header, {"error_code": error, "groups": _wire(groups)})
 
     async def handle_describe_groups(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         answered = await self._per_shard(
             list(r.groups), lambda ids: m.DescribeGroupsRequest(tuple(ids)),
             lambda response: response.groups)  # fmt: skip
-        return self._encode(header, {"groups": [
+        return messages.write_response(header, {"groups": [
             {**_wire(answered[g]), "authorized_operations": NO_AUTHORIZED_OPERATIONS}
             for g in r.groups]})  # fmt: skip
 
     async def handle_delete_groups(self, header, reader, context) -> bytes:
-        r = self._decode(header, reader)
+        r = messages.read_request(header, reader)
         answered = await self._per_shard(
             list(r.groups_names), lambda ids: m.DeleteGroupsRequest(tuple(ids)),
             lambda response: response.results)  # fmt: skip
-        return self._encode(header, {"results": _wire([answered[g] for g in r.groups_names])})
+        return messages.write_response(
+            header, {"results": _wire([answered[g] for g in r.groups_names])}
+        )
 
     async def _per_shard(self, group_ids: list[str], build, parts) -> dict:
         """Split a request over several groups by shard, ask each, and index the answers'

@@ -334,8 +334,7 @@ class KafkaApis:
 
     async def handle_init_producer_id(self, header: RequestHeader, reader: Reader,
                                       context: ConnectionContext) -> bytes:  # fmt: skip
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
-                                          reader.pos)  # fmt: skip
+        request = messages.read_request(header, reader)
         if request.transactional_id is not None:
             log.warning("InitProducerId with transactional id %r from %s refused: transactions "
                         "do not exist here (idempotence does: leave transactional.id unset)",
@@ -352,8 +351,7 @@ class KafkaApis:
     async def handle_describe_producers(self, header: RequestHeader, reader: Reader,
                                         context: ConnectionContext) -> bytes:  # fmt: skip
         """The leader's producer state per partition, as Kafka's DescribeProducers (KIP-664)."""
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
-                                          reader.pos)  # fmt: skip
+        request = messages.read_request(header, reader)
         topics = [{"name": topic.name, "partitions": [
             self._describe_partition_producers((topic.name, p)) for p in topic.partition_indexes]}
             for topic in request.topics]  # fmt: skip

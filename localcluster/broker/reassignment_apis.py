@@ -40,16 +40,10 @@ class ReassignmentApis:
         return {ApiKey.ALTER_PARTITION_REASSIGNMENTS: self.handle_alter,
                 ApiKey.LIST_PARTITION_REASSIGNMENTS: self.handle_list}  # fmt: skip
 
-    @staticmethod
-    def _encode(header, data: dict) -> bytes:
-        return messages.encode_response(header.api_key, header.api_version,
-                                        {"throttle_time": 0, "error_code": 0, **data})  # fmt: skip
-
     # -- AlterPartitionReassignments --------------------------------------------------------------
 
     async def handle_alter(self, header, reader, context) -> bytes:
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
-                                          reader.pos)  # fmt: skip
+        request = messages.read_request(header, reader)
         deadline = time.monotonic() + max(request.timeout.total_seconds(), 0)
         asked = [((t.name, p.partition_index), None if p.replicas is None else tuple(p.replicas))
                  for t in request.topics for p in t.partitions]  # fmt: skip
@@ -68,7 +62,7 @@ class ReassignmentApis:
             code, message = verdicts[(topic, partition)]
             by_topic.setdefault(topic, []).append({"partition_index": partition,
                                                    "error_code": code, "error_message": message})  # fmt: skip
-        return self._encode(header, {"error_message": None, "responses": [
+        return messages.write_response(header, {"error_code": 0, "error_message": None, "responses": [
             {"name": t, "partitions": rows} for t, rows in by_topic.items()]})  # fmt: skip
 
     def _request(self, asked) -> tuple[dict, dict]:
@@ -125,12 +119,13 @@ class ReassignmentApis:
     # -- ListPartitionReassignments ---------------------------------------------------------------
 
     async def handle_list(self, header, reader, context) -> bytes:
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
-                                          reader.pos)  # fmt: skip
+        request = messages.read_request(header, reader)
         asked = None if request.topics is None else {
             t.name: set(t.partition_indexes) for t in request.topics}  # fmt: skip
         topics = await asyncio.to_thread(self._ongoing, asked)
-        return self._encode(header, {"error_message": None, "topics": topics})
+        return messages.write_response(
+            header, {"error_code": 0, "error_message": None, "topics": topics}
+        )
 
     def _ongoing(self, asked: dict | None) -> list[dict]:
         zk = self.metadata.zk

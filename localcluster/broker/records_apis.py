@@ -36,19 +36,10 @@ class RecordsApis:
         return {ApiKey.DELETE_RECORDS: self.handle_delete_records,
                 ApiKey.DESCRIBE_LOG_DIRS: self.handle_describe_log_dirs}  # fmt: skip
 
-    @staticmethod
-    def _decode(header, reader):
-        return messages.decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
-
-    @staticmethod
-    def _encode(header, data: dict) -> bytes:
-        return messages.encode_response(header.api_key, header.api_version,
-                                        {"throttle_time": 0, **data})  # fmt: skip
-
     # -- DeleteRecords ----------------------------------------------------------------------------
 
     async def handle_delete_records(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         entries = [((t.name, p.partition_index), p.offset)
                    for t in request.topics for p in t.partitions
                    if t.name != OFFSETS_TOPIC]  # fmt: skip
@@ -65,12 +56,12 @@ class RecordsApis:
                 rows.append({"partition_index": p.partition_index, "low_watermark": low,
                              "error_code": code})  # fmt: skip
             topics.append({"name": t.name, "partitions": rows})
-        return self._encode(header, {"topics": topics})
+        return messages.write_response(header, {"topics": topics})
 
     # -- DescribeLogDirs --------------------------------------------------------------------------
 
     async def handle_describe_log_dirs(self, header, reader, context) -> bytes:
-        request = self._decode(header, reader)
+        request = messages.read_request(header, reader)
         manager = self.replica_manager
         hosted = manager.partitions
         if request.topics is None:
@@ -91,4 +82,4 @@ class RecordsApis:
                   "topics": [{"name": t, "partitions": rows} for t, rows in by_topic.items()],
                   "total_bytes": stat.f_blocks * stat.f_frsize,
                   "usable_bytes": stat.f_bavail * stat.f_frsize}  # fmt: skip
-        return self._encode(header, {"error_code": 0, "results": [result]})
+        return messages.write_response(header, {"error_code": 0, "results": [result]})

@@ -137,8 +137,7 @@ class SaslAuthenticator:
 
     async def handle_handshake(self, context: ConnectionContext, header: RequestHeader,
                                reader: Reader) -> bytes:  # fmt: skip
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
-                                          reader.pos)  # fmt: skip
+        request = messages.read_request(header, reader)
         mechanism = str(request.mechanism).upper()
         enabled = list(self.enabled_mechanisms)
         if not context.needs_authentication or context.sasl is not None:
@@ -166,8 +165,7 @@ class SaslAuthenticator:
 
     async def handle_authenticate(self, context: ConnectionContext, header: RequestHeader,
                                   reader: Reader) -> bytes:  # fmt: skip
-        request = messages.decode_request(header.api_key, header.api_version, reader.buf,
-                                          reader.pos)  # fmt: skip
+        request = messages.read_request(header, reader)
         exchange = context.sasl
         if (
             not isinstance(exchange, _Exchange)

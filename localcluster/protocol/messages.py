@@ -59,6 +59,16 @@ def encode_response(api_key: int, version: int, data: Mapping) -> bytes:
     return encode_entity(schema, data)
 
 
+def read_request(header, reader) -> Any:
+    """The body of the request `header` names, read from where `reader` stands."""
+    return decode_request(header.api_key, header.api_version, reader.buf, reader.pos)
+
+
+def write_response(header, data: Mapping) -> bytes:
+    """The response to `header`'s request, with Kafka's throttle_time of 0 (never throttled)."""
+    return encode_response(header.api_key, header.api_version, {"throttle_time": 0, **data})
+
+
 def encode_request(api_key: int, version: int, data: Mapping) -> bytes:
     return encode_entity(request_schema(api_key, version), data)
 
