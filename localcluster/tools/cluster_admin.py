@@ -9,6 +9,7 @@ nothing here prints except `consume`, which streams records to the given writer.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -62,48 +63,45 @@ def _admin(spec: ClusterSpec):
         raise ClusterError(f"cannot reach the brokers: {e}") from None
 
 
+@contextlib.contextmanager
+def admin_calls(spec: ClusterSpec, context: str):
+    """Our Admin client on the cluster's live brokers, closed after the block; a KafkaError
+    in the block becomes one ClusterError line: `context`, the broker's error, a hint."""
+    from localcluster.client import KafkaError
+
+    admin = _admin(spec)
+    try:
+        yield admin
+    except KafkaError as e:
+        raise _kafka_error(e, context) from None
+    finally:
+        admin.close()
+
+
 # -- topics -------------------------------------------------------------------------------------
 
 
 def create_topic(spec: ClusterSpec, name: str, partitions: int, replication_factor: int,
                  config: dict[str, str]) -> dict:  # fmt: skip
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot create topic {name!r}") as admin:
         admin.create_topic(name, partitions, replication_factor, config)
         description = admin.wait_for_leaders(name, timeout_s=CLIENT_TIMEOUT_MS / 1000)
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot create topic {name!r}") from None
-    finally:
-        admin.close()
     return describe_rows(description)
 
 
 def list_topics(spec: ClusterSpec) -> list[str]:
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, "cannot list topics") as admin:
         return admin.list_topics()
-    except KafkaError as e:
-        raise _kafka_error(e, "cannot list topics") from None
-    finally:
-        admin.close()
 
 
 def describe_topic(spec: ClusterSpec, name: str) -> dict:
     """Partitions, and every config with its value and source (kafka-configs --describe --all)."""
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot describe topic {name!r}") as admin:
         description = admin.describe_topic(name)
         configs = admin.describe_configs(name)
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot describe topic {name!r}") from None
-    finally:
-        admin.close()
     described = describe_rows(description)
     described["configs"] = [{"name": k, "value": v.value, "source": v.source,
                              "read_only": v.read_only} for k, v in sorted(configs.items())]  # fmt: skip
@@ -113,16 +111,10 @@ def describe_topic(spec: ClusterSpec, name: str) -> dict:
 def alter_topic(spec: ClusterSpec, name: str, set_configs: dict[str, str],
                 delete: list[str]) -> dict:  # fmt: skip
     """Set and delete a topic's config overrides; the topic's overrides afterwards."""
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot alter the config of topic {name!r}") as admin:
         admin.alter_topic_configs(name, set_configs, delete)
         configs = admin.describe_configs(name)
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot alter the config of topic {name!r}") from None
-    finally:
-        admin.close()
     overrides = {k: v.value for k, v in sorted(configs.items())
                  if v.source == "DYNAMIC_TOPIC_CONFIG"}  # fmt: skip
     return {"topic": name, "set": set_configs, "deleted": delete, "overrides": overrides}
@@ -130,15 +122,9 @@ def alter_topic(spec: ClusterSpec, name: str, set_configs: dict[str, str],
 
 def describe_producers(spec: ClusterSpec, name: str) -> dict:
     """Each partition's active idempotent producers, from its leader (DescribeProducers)."""
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot describe the producers of topic {name!r}") as admin:
         producers = admin.describe_producers(name)
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot describe the producers of topic {name!r}") from None
-    finally:
-        admin.close()
     return {"topic": name, "partitions": [{"partition": p, "producers": rows}
                                           for p, rows in sorted(producers.items())]}  # fmt: skip
 
@@ -298,20 +284,14 @@ def _partitions_for(client, target: str | None) -> list[tuple[str, int]]:
 def elect(spec: ClusterSpec, target: str | None, unclean: bool = False) -> dict:
     """ElectLeaders through our Admin client (preferred, or unclean); the controller elects and
     the answer says per partition what happened (ELECTION_NOT_NEEDED: it leads already)."""
-    from localcluster.client import KafkaError
 
     with cluster.store(spec) as client:
         chosen = _partitions_for(client, target)
         controller = cluster.controller_id(client)
     if not chosen:
         raise ClusterError("there are no partitions to elect leaders for; create a topic first")
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, "cannot elect leaders") as admin:
         results = admin.elect_leaders(chosen, unclean=unclean, timeout_ms=CLIENT_TIMEOUT_MS)
-    except KafkaError as e:
-        raise _kafka_error(e, "cannot elect leaders") from None
-    finally:
-        admin.close()
     return {
         "partitions": [{"topic": t, "partition": p, "error": _error_name(results.get((t, p), -1))}
                        for t, p in chosen],
@@ -333,7 +313,6 @@ def _error_name(code: int) -> str | None:
 def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int]) -> dict:
     """AlterPartitionReassignments through our Admin client: answered once the controller took
     the target up; it moves the replicas (`localcluster status` shows RAR until done)."""
-    from localcluster.client import KafkaError
 
     if len(set(replicas)) != len(replicas):
         raise ClusterError(f"--replicas {','.join(map(str, replicas))} names a broker twice")
@@ -344,14 +323,9 @@ def reassign(spec: ClusterSpec, topic: str, partition: int, replicas: list[int])
     with cluster.store(spec) as client:
         _partitions_for(client, f"{topic}:{partition}")
         controller = cluster.controller_id(client)
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot reassign {topic}:{partition}") as admin:
         admin.alter_partition_reassignments({(topic, partition): replicas},
                                             timeout_ms=CLIENT_TIMEOUT_MS)  # fmt: skip
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot reassign {topic}:{partition}") from None
-    finally:
-        admin.close()
     return {"topic": topic, "partition": partition, "replicas": replicas, "controller": controller}
 
 

@@ -19,6 +19,7 @@ from localcluster.tools.cluster_admin import (
     CLIENT_TIMEOUT_MS,
     _admin,
     _kafka_error,
+    admin_calls,
     client_config,
     live_bootstrap,
 )
@@ -45,15 +46,9 @@ def _not_found(group: str) -> ClusterError:
 
 
 def list_groups(spec: ClusterSpec) -> list[dict]:
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, "cannot list the groups") as admin:
         listed = admin.list_groups()
-    except KafkaError as e:
-        raise _kafka_error(e, "cannot list the groups") from None
-    finally:
-        admin.close()
     return [{"group": g.group_id, "protocol_type": g.protocol_type, "state": g.state,
              "coordinator": g.coordinator} for g in listed]  # fmt: skip
 
@@ -61,16 +56,10 @@ def list_groups(spec: ClusterSpec) -> list[dict]:
 def describe_group(spec: ClusterSpec, group: str) -> dict:
     """State, protocol, coordinator, members, and one row per partition the group has a
     committed offset for or a member is assigned: committed offset, log end offset, lag."""
-    from localcluster.client import KafkaError
 
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot describe group {group!r}") as admin:
         described = admin.describe_group(group)
         committed = admin.list_group_offsets(group)
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot describe group {group!r}") from None
-    finally:
-        admin.close()
     if described.state == "Dead" and not committed:
         raise _not_found(group)
     owners = {tp: m for m in described.members for tp in m.assignment}
@@ -184,8 +173,7 @@ def reset_offsets(spec: ClusterSpec, group: str, topic_arg: str, to: str,
     from localcluster.client import KafkaError
 
     topic, chosen = parse_topic_partitions(topic_arg)
-    admin = _admin(spec)
-    try:
+    with admin_calls(spec, f"cannot reset the offsets of group {group!r}") as admin:
         described = admin.describe_group(group)
         if described.state not in INACTIVE_STATES:
             raise ClusterError(f"offsets can only be reset while group {group!r} is inactive, but "
@@ -204,10 +192,6 @@ def reset_offsets(spec: ClusterSpec, group: str, topic_arg: str, to: str,
         targets = _targets(spec, tps, to, offset)
         if not dry_run:
             admin.alter_group_offsets(group, targets)
-    except KafkaError as e:
-        raise _kafka_error(e, f"cannot reset the offsets of group {group!r}") from None
-    finally:
-        admin.close()
     return {"group": group, "dry_run": dry_run, "partitions": [
         {"topic": t, "partition": p, "previous_offset": before.get((t, p), -1),
          "new_offset": targets[(t, p)]} for t, p in tps]}  # fmt: skip
