@@ -299,6 +299,20 @@ class ClusterWatch:
                     f"{CLUSTER_GONE_AFTER_S:.0f} s (`localcluster down`?); stopping")  # fmt: skip
         return None
 
+    def problem_behind(self, failure: str) -> str:
+        """The message for a load that failed with `failure`: the cluster's going away when
+        that is the cause. `down --purge` stops the brokers before it removes the directory,
+        so a client can fail ("no broker is registered") a moment before problem() sees it;
+        wait for it, at most as long as problem() itself waits for a dead cluster."""
+        deadline = time.monotonic() + CLUSTER_GONE_AFTER_S + 1.0
+        while True:
+            problem = self.problem()
+            if problem is not None:
+                return problem
+            if time.monotonic() > deadline:
+                return failure
+            time.sleep(0.1)
+
 
 async def drive(
     load: Load, target: Target, client: str, config: dict, progress: Progress | None
@@ -414,7 +428,7 @@ def produce(cluster_dir: Path | str | None, topic: str, num_records: int, record
                              cluster_dir=str(target.cluster_dir) if own_via_dir else None,
                              per_record_latency=True, progress=progress, watch=give_up)  # fmt: skip
         except RuntimeError as e:  # a load process failed or did not answer
-            raise cluster.ClusterError(str(e)) from None
+            raise cluster.ClusterError(watch.problem_behind(str(e))) from None
     if progress is not None:
         progress(r["records"] + r["errors"])
     elapsed_s = r["seconds"] if r["records"] else 0.0
