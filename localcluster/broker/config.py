@@ -63,6 +63,11 @@ class BrokerConfig:
     # sized for networks and GC pauses across machines.
     replica_lag_time_max_ms: int = _prop("replica.lag.time.max.ms", 10_000)
     replica_fetch_wait_max_ms: int = _prop("replica.fetch.wait.max.ms", 500)
+    # KIP-227's session cache (protocol/incremental_fetch.py), Kafka's names and defaults.
+    max_incremental_fetch_session_cache_slots: int = _prop(
+        "max.incremental.fetch.session.cache.slots", 1000)  # fmt: skip
+    min_incremental_fetch_session_eviction_ms: int = _prop(
+        "min.incremental.fetch.session.eviction.ms", 120_000)  # fmt: skip
     replica_high_watermark_checkpoint_interval_ms: int = _prop(
         "replica.high.watermark.checkpoint.interval.ms", 5_000)  # fmt: skip
     log_segment_bytes: int = _prop("log.segment.bytes", 1 << 30)

@@ -22,9 +22,10 @@ from localcluster.protocol.api import ApiKey
 from localcluster.protocol.fetch import (
     FetchPartition,
     FetchRequest,
-    read_fetch_response,
+    read_session_fetch_response,
     write_fetch_request,
 )
+from localcluster.protocol.incremental_fetch import FetchSessionHandler
 from localcluster.protocol.wire import Reader
 from localcluster.replication.ready import (
     EpochRequestPlan,
@@ -55,6 +56,7 @@ class ReplicaFetcher:
         self.task: asyncio.Task | None = None
         self._sending = False
         self._interrupted = False
+        self.session = FetchSessionHandler()  # KIP-227: only what changed goes each time
 
     def interrupt(self) -> None:
         """The core gave up on the request in flight: hang up; the leader frees it at once."""
@@ -131,6 +133,7 @@ class ReplicaFetcher:
         if self.connection is not None:
             self.connection.close()
         self.connection = None
+        self.session.on_failure()  # the leader's side of the session went with the connection
 
     # -- the wire: one request, and its answer as a core step ---------------------------------
 
@@ -148,18 +151,30 @@ class ReplicaFetcher:
         return lambda: core.on_list_offsets_response(request, error, offset, now_ms())
 
     async def _fetch(self, request: FetchRequestPlan) -> list[FetchedPartition]:
-        by_topic: dict[str, list[FetchPartition]] = {}
-        for p in request.partitions:
-            by_topic.setdefault(p.tp[0], []).append(FetchPartition(
-                p.tp[1], p.fetch_offset, PARTITION_FETCH_MAX_BYTES, p.current_leader_epoch,
-                p.log_start_offset))  # fmt: skip
+        """The planned partitions through the fetch session: the request names those whose
+        position changed, the answer those with something new; the others are as they were."""
+        planned = [(p.tp[0], FetchPartition(p.tp[1], p.fetch_offset, PARTITION_FETCH_MAX_BYTES,
+                                            p.current_leader_epoch, p.log_start_offset))
+                   for p in request.partitions]  # fmt: skip
+        session = self.session.build(planned)
         body = write_fetch_request(FetchRequest(self.manager.broker_id, request.max_wait_ms, 1,
-                                                FETCH_MAX_BYTES, 0, list(by_topic.items())),
+                                                FETCH_MAX_BYTES, 0, session.to_send,
+                                                session.session_id, session.session_epoch,
+                                                forgotten=session.forgotten),
                                    FETCH_VERSION)  # fmt: skip
-        frame, offset = await self.connection.send(
-            ApiKey.FETCH, lambda v: body, version=FETCH_VERSION,
-            timeout_ms=self.manager.fetch_wait_max_ms + 30_000)  # fmt: skip
-        _, responses = read_fetch_response(Reader(frame, offset), FETCH_VERSION)
+        try:
+            frame, offset = await self.connection.send(
+                ApiKey.FETCH, lambda v: body, version=FETCH_VERSION,
+                timeout_ms=self.manager.fetch_wait_max_ms + 30_000)  # fmt: skip
+        except BaseException:
+            self.session.on_failure()
+            raise
+        error, session_id, responses = read_session_fetch_response(Reader(frame, offset),
+                                                                   FETCH_VERSION)  # fmt: skip
+        if not self.session.on_response(session, error, session_id):
+            log.info("fetcher for leader %d: fetch session %d ended (error %d); starting a "
+                     "new one", self.leader_id, session.session_id, error)  # fmt: skip
+            return []
         return [FetchedPartition((topic, p.partition), p.error_code, p.high_watermark,
                                  p.log_start_offset, p.records[0] if p.records else b"")
                 for topic, partitions in responses for p in partitions]  # fmt: skip

@@ -250,8 +250,8 @@ class ReplicaHost:
             return PartitionRead(error)
         lg, hw = self.log_manager.logs[tp], hosted.state.high_watermark
         found = PartitionRead(errors.NONE, hw, lg.log_start_offset)
-        if max_bytes <= 0 and not first:
-            return found
+        if (max_bytes <= 0 and not first) or fetch_offset == lg.log_end_offset:
+            return found  # nothing to read: an idle partition of a fetch session costs no lookup
         try:
             result = lg.read(fetch_offset, max(max_bytes, 1), None if follower else hw, first)
         except OffsetOutOfRangeError:

@@ -5,6 +5,7 @@ Request:  replica_id int32, max_wait_ms int32, min_bytes int32, max_bytes int32,
           [topic string, [partition int32, current_leader_epoch int32 (v9+), fetch_offset int64,
           log_start_offset int64 (v5+), partition_max_bytes int32]],
           forgotten_topics [topic string, [partition int32]] (v7+), rack_id string (v11+)
+          (session_id, session_epoch and forgotten_topics: KIP-227, protocol/incremental_fetch.py)
 Response: throttle_time_ms int32, error_code int16 + session_id int32 (v7+),
           [topic string, [partition int32, error_code int16, high_watermark int64,
           last_stable_offset int64, log_start_offset int64 (v5+),
@@ -46,6 +47,7 @@ class FetchRequest:
     session_id: int = NO_SESSION_ID
     session_epoch: int = FINAL_EPOCH
     rack_id: str = ""
+    forgotten: list[tuple[str, list[int]]] = field(default_factory=list)  # KIP-227 (v7+)
 
 
 @dataclass(slots=True)
@@ -83,14 +85,14 @@ def read_fetch_request(reader: Reader, version: int) -> FetchRequest:
             partitions.append(FetchPartition(partition, fetch_offset, reader.int32(), epoch,
                                              log_start))  # fmt: skip
         topics.append((name, partitions))
+    forgotten = []
     if version >= 7:
         for _ in range(reader.array_length()):
-            reader.string()
-            for _ in range(reader.array_length()):
-                reader.int32()
+            name = reader.string()
+            forgotten.append((name, [reader.int32() for _ in range(reader.array_length())]))
     rack_id = reader.string() if version >= 11 else ""
     return FetchRequest(replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level, topics,
-                        session_id, session_epoch, rack_id)  # fmt: skip
+                        session_id, session_epoch, rack_id, forgotten)  # fmt: skip
 
 
 def write_fetch_request(request: FetchRequest, version: int) -> bytes:
@@ -110,19 +112,22 @@ def write_fetch_request(request: FetchRequest, version: int) -> bytes:
                 w.int64(p.log_start_offset)
             w.int32(p.partition_max_bytes)
     if version >= 7:
-        w.int32(0)
+        w.int32(len(request.forgotten))
+        for name, partitions in request.forgotten:
+            w.string(name).int32(len(partitions))
+            for partition in partitions:
+                w.int32(partition)
     if version >= 11:
         w.string(request.rack_id)
     return w.getvalue()
 
 
-def write_fetch_response(
-    responses: list[tuple[str, list[FetchPartitionResponse]]], version: int, error_code: int = 0
-) -> list:
+def write_fetch_response(responses: list[tuple[str, list[FetchPartitionResponse]]], version: int,
+                         error_code: int = 0, session_id: int = NO_SESSION_ID) -> list:  # fmt: skip
     parts: list = []
     w = Writer().int32(0)  # throttle_time_ms
     if version >= 7:
-        w.int16(error_code).int32(NO_SESSION_ID)
+        w.int16(error_code).int32(session_id)
     w.int32(len(responses))
     for name, partitions in responses:
         w.string(name).int32(len(partitions))
@@ -147,11 +152,19 @@ def read_fetch_response(
     reader: Reader, version: int
 ) -> tuple[int, list[tuple[str, list[FetchPartitionResponse]]]]:
     """(top-level error code, responses); records come back as memoryviews of the frame."""
+    error_code, _, responses = read_session_fetch_response(reader, version)
+    return error_code, responses
+
+
+def read_session_fetch_response(
+    reader: Reader, version: int
+) -> tuple[int, int, list[tuple[str, list[FetchPartitionResponse]]]]:
+    """(top-level error code, session id, responses), for a fetcher with a KIP-227 session."""
     reader.int32()  # throttle_time_ms
-    error_code = 0
+    error_code, session_id = 0, NO_SESSION_ID
     if version >= 7:
         error_code = reader.int16()
-        reader.int32()  # session_id
+        session_id = reader.int32()
     out = []
     for _ in range(reader.array_length()):
         name = reader.string()
@@ -171,4 +184,4 @@ def read_fetch_response(
             p.records = [records] if records is not None and len(records) else []
             partitions.append(p)
         out.append((name, partitions))
-    return error_code, out
+    return error_code, session_id, out

@@ -1,0 +1,276 @@
+"""Incremental fetch sessions (KIP-227), both ends, without I/O.
+
+A fetcher that asks a broker for many partitions over and over (a follower; kafka-python's
+consumer) names in each request only the partitions whose position changed, and the broker
+answers only the partitions with something new. Idle partitions then cost neither side a
+thing per request: without sessions, 50 idle `__consumer_offsets` partitions beside a busy
+topic halved a 3-broker cluster's acks=all rate (bench/README.md).
+
+The broker's end is `FetchSessionCache`: `context(request, replica, now_ms)` says what to read
+(every partition of the session) and `FetchContext.respond(responses)` what to send. The
+fetcher's end is `FetchSessionHandler`: `build(partitions)` gives the session fields and the
+partitions to send and to forget, `on_response` / `on_failure` take the outcome.
+
+Kafka's rules (FetchSession.scala, FetchSessionHandler.java):
+- epoch -1 (FINAL_EPOCH): a full fetch without a session; a session it names is closed.
+- epoch 0 (INITIAL_EPOCH): a full fetch that creates a session (closing one it names); the
+  answer carries the new id, or 0 when the cache has no room (the fetcher goes on with full
+  fetches and asks again).
+- epoch n > 0: an incremental fetch of session `session_id`: FETCH_SESSION_ID_NOT_FOUND when
+  the broker has no such session, INVALID_FETCH_SESSION_EPOCH when n is not the epoch it
+  expects; the fetcher starts over with a full fetch. The request's partitions are added to
+  the session or update it, the forgotten ones leave it, every partition of the session is
+  read, and the answer leaves out a partition with no records, no error and the high
+  watermark, last stable offset and log start offset it was last sent. Partitions that
+  returned records move to the end of the session, so that max_bytes serves all in turn.
+- The cache holds at most `max.incremental.fetch.session.cache.slots` partitions (Kafka's
+  1000) over all sessions. A session that does not fit evicts the least recently used one
+  idle for `min.incremental.fetch.session.eviction.ms` (120 s), or a consumer's for a
+  follower (Kafka's privileged sessions); otherwise it is answered without a session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localcluster.protocol.fetch import (
+    FINAL_EPOCH,
+    NO_SESSION_ID,
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+)
+
+INITIAL_EPOCH = 0
+FETCH_SESSION_ID_NOT_FOUND = 70
+INVALID_FETCH_SESSION_EPOCH = 71
+MAX_EPOCH = 2**31 - 1
+
+TopicPartition = tuple[str, int]
+Responses = list[tuple[str, list[FetchPartitionResponse]]]
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after `epoch`; it wraps to 1, never to the initial or final epoch."""
+    return 1 if epoch >= MAX_EPOCH else epoch + 1
+
+
+# -- the broker's end -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CachedPartition:
+    """A partition of a session: the position last asked, the offsets last sent (-2: never)."""
+
+    fetch: FetchPartition
+    high_watermark: int = -2
+    last_stable_offset: int = -2
+    log_start_offset: int = -2
+
+    def changed_by(self, answer: FetchPartitionResponse) -> bool:
+        """Whether `answer` says something new (and remember what it said)."""
+        new = (
+            answer.error_code != 0
+            or bool(answer.records)
+            or answer.high_watermark != self.high_watermark
+            or answer.last_stable_offset != self.last_stable_offset
+            or answer.log_start_offset != self.log_start_offset
+        )
+        self.high_watermark = answer.high_watermark
+        self.last_stable_offset = answer.last_stable_offset
+        self.log_start_offset = answer.log_start_offset
+        return new
+
+
+@dataclass(slots=True)
+class FetchSession:
+    session_id: int
+    privileged: bool  # a follower's: it may evict consumers' sessions
+    partitions: dict[TopicPartition, CachedPartition]
+    epoch: int  # the epoch its next request must carry
+    last_used_ms: int
+
+
+@dataclass(slots=True)
+class FetchContext:
+    """One request's view of its session: the partitions to read, as one full request (`read`),
+    and `respond`, which turns the answers into the response's partitions."""
+
+    error: int  # a top-level error: answer it with no partitions
+    session_id: int  # for the response: the session's, or 0 (none)
+    read: FetchRequest | None
+    session: FetchSession | None = None
+    incremental: bool = False
+
+    def respond(self, responses: Responses) -> Responses:
+        session = self.session
+        if session is None:
+            return responses
+        out: Responses = []
+        moved: list[TopicPartition] = []
+        for topic, answers in responses:
+            kept = []
+            for answer in answers:
+                tp = (topic, answer.partition)
+                cached = session.partitions.get(tp)
+                if cached is None:
+                    kept.append(answer)
+                    continue
+                if cached.changed_by(answer) or not self.incremental:
+                    kept.append(answer)
+                if answer.records:
+                    moved.append(tp)
+            if kept:
+                out.append((topic, kept))
+        for tp in moved:  # to the end: the next read starts with the others
+            session.partitions[tp] = session.partitions.pop(tp)
+        return out
+
+
+@dataclass
+class FetchSessionCache:
+    max_slots: int = 1000  # max.incremental.fetch.session.cache.slots
+    eviction_ms: int = 120_000  # min.incremental.fetch.session.eviction.ms
+    new_session_id: Callable[[], int] = field(default=lambda: 1)  # the runtime passes random ids
+    sessions: dict[int, FetchSession] = field(default_factory=dict)  # least recently used first
+
+    @property
+    def slots_used(self) -> int:
+        return sum(len(s.partitions) for s in self.sessions.values())
+
+    def context(self, request: FetchRequest, privileged: bool, now_ms: int) -> FetchContext:
+        epoch, session_id = request.session_epoch, request.session_id
+        if epoch in (FINAL_EPOCH, INITIAL_EPOCH):
+            if session_id != NO_SESSION_ID:
+                self.sessions.pop(session_id, None)
+            if epoch == FINAL_EPOCH:
+                return FetchContext(0, NO_SESSION_ID, request)
+            return self._create(request, privileged, now_ms)
+        session = self.sessions.get(session_id)
+        if session is None:
+            return FetchContext(FETCH_SESSION_ID_NOT_FOUND, NO_SESSION_ID, None)
+        if session.epoch != epoch:
+            return FetchContext(INVALID_FETCH_SESSION_EPOCH, NO_SESSION_ID, None)
+        for topic, partitions in request.topics:
+            for p in partitions:
+                cached = session.partitions.get((topic, p.partition))
+                if cached is None:
+                    session.partitions[(topic, p.partition)] = CachedPartition(p)
+                else:
+                    cached.fetch = p
+        for topic, forgotten in request.forgotten:
+            for partition in forgotten:
+                session.partitions.pop((topic, partition), None)
+        session.epoch, session.last_used_ms = next_epoch(epoch), now_ms
+        self.sessions[session_id] = self.sessions.pop(session_id)  # most recently used
+        return FetchContext(0, session_id, self._whole(request, session), session, True)
+
+    def _create(self, request: FetchRequest, privileged: bool, now_ms: int) -> FetchContext:
+        partitions = {(topic, p.partition): CachedPartition(p)
+                      for topic, ps in request.topics for p in ps}  # fmt: skip
+        if not partitions or not self._make_room(len(partitions), privileged, now_ms):
+            return FetchContext(0, NO_SESSION_ID, request)
+        session_id = self.new_session_id()
+        while session_id == NO_SESSION_ID or session_id in self.sessions:
+            session_id = self.new_session_id()
+        session = FetchSession(session_id, privileged, partitions, next_epoch(INITIAL_EPOCH),
+                               now_ms)  # fmt: skip
+        self.sessions[session_id] = session
+        return FetchContext(0, session_id, request, session)
+
+    def _make_room(self, size: int, privileged: bool, now_ms: int) -> bool:
+        if size > self.max_slots:
+            return False
+        used = self.slots_used
+        while used + size > self.max_slots:
+            victim = next((s for s in self.sessions.values()
+                           if now_ms - s.last_used_ms >= self.eviction_ms
+                           or (privileged and not s.privileged)), None)  # fmt: skip
+            if victim is None:
+                return False
+            del self.sessions[victim.session_id]
+            used -= len(victim.partitions)
+        return True
+
+    @staticmethod
+    def _whole(request: FetchRequest, session: FetchSession) -> FetchRequest:
+        """`request` over every partition of its session, in the session's order."""
+        topics: list[tuple[str, list[FetchPartition]]] = []
+        index: dict[str, int] = {}
+        for (topic, _), cached in session.partitions.items():
+            at = index.get(topic)
+            if at is None:
+                index[topic] = len(topics)
+                topics.append((topic, [cached.fetch]))
+            else:
+                topics[at][1].append(cached.fetch)
+        return FetchRequest(request.replica_id, request.max_wait_ms, request.min_bytes,
+                            request.max_bytes, request.isolation_level, topics,
+                            request.session_id, request.session_epoch, request.rack_id)  # fmt: skip
+
+
+# -- the fetcher's end ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SessionRequest:
+    """The session fields of the next request, and what it names."""
+
+    session_id: int
+    session_epoch: int
+    to_send: list[tuple[str, list[FetchPartition]]]
+    forgotten: list[tuple[str, list[int]]]
+    wanted: dict[TopicPartition, FetchPartition]  # the whole set, for on_response
+
+
+class FetchSessionHandler:
+    """The fetcher's side of one broker's session."""
+
+    def __init__(self) -> None:
+        self.session_id = NO_SESSION_ID
+        self.epoch = INITIAL_EPOCH
+        self.sent: dict[TopicPartition, FetchPartition] = {}  # the session as the broker has it
+
+    def build(self, partitions: list[tuple[str, FetchPartition]]) -> SessionRequest:
+        wanted = {(topic, p.partition): p for topic, p in partitions}
+        if self.session_id == NO_SESSION_ID or self.epoch == INITIAL_EPOCH:
+            return SessionRequest(self.session_id, INITIAL_EPOCH, _by_topic(partitions), [], wanted)
+        to_send = [(tp[0], p) for tp, p in wanted.items() if self.sent.get(tp) != p]
+        forgotten = [(tp[0], tp[1]) for tp in self.sent if tp not in wanted]
+        grouped: dict[str, list[int]] = {}
+        for topic, partition in forgotten:
+            grouped.setdefault(topic, []).append(partition)
+        return SessionRequest(self.session_id, self.epoch, _by_topic(to_send),
+                              list(grouped.items()), wanted)  # fmt: skip
+
+    def on_response(self, request: SessionRequest, error: int, session_id: int) -> bool:
+        """Take the answer to `request`; False when it carries no partitions to use (the
+        session is gone: the next request is a full one)."""
+        if error in (FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH):
+            self.session_id, self.epoch, self.sent = NO_SESSION_ID, INITIAL_EPOCH, {}
+            return False
+        if error != 0:
+            self.on_failure()
+            return False
+        if request.session_epoch == INITIAL_EPOCH:
+            self.session_id = session_id
+            self.epoch = next_epoch(INITIAL_EPOCH) if session_id != NO_SESSION_ID else INITIAL_EPOCH
+        elif session_id == NO_SESSION_ID:  # the broker closed it
+            self.epoch = INITIAL_EPOCH
+        else:
+            self.epoch = next_epoch(self.epoch)
+        self.sent = request.wanted if self.session_id != NO_SESSION_ID else {}
+        return True
+
+    def on_failure(self) -> None:
+        """No answer (a lost connection, a timeout): whether the broker moved the session on
+        is unknown, so the next request is a full one that closes it and opens another."""
+        self.epoch, self.sent = INITIAL_EPOCH, {}
+
+
+def _by_topic(partitions) -> list[tuple[str, list[FetchPartition]]]:
+    grouped: dict[str, list[FetchPartition]] = {}
+    for topic, p in partitions:
+        grouped.setdefault(topic, []).append(p)
+    return list(grouped.items())
