@@ -314,3 +314,30 @@ def test_validate_only_writes_nothing(cluster):
     assert "log.roll.ms" not in cluster.zk.broker_config("1")
     entry = cluster.describe(BROKER, "1")["log.roll.ms"]
     assert entry.source == DEFAULT
+
+
+def test_a_cluster_wide_unclean_election_brings_an_offline_partition_back(cluster):
+    """The controller's broker takes the default layer's unclean.leader.election.enable live
+    and elects for offline partitions at once (Kafka's enableDefaultUncleanLeaderElection)."""
+    controller = cluster.zk.controller_id()
+    leader, other = [b for b in (1, 2, 3) if b != controller]
+    with Admin(bootstrap_servers=cluster.bootstrap) as ours:
+        ours.create_topic("unclean-default", replica_assignment={0: [leader, other]})
+        ours.wait_for_leaders("unclean-default")
+    cluster.brokers[other].kill()
+    wait_until(lambda: cluster.zk.partition_state("unclean-default", 0)[0].isr == (leader,),
+               timeout_s=15, message="the ISR shrinks to the leader")  # fmt: skip
+    cluster.brokers[leader].kill()
+    cluster.set.restart(cluster.brokers[other])  # out of sync: no clean election for it
+    try:
+        wait_until(lambda: cluster.zk.partition_state("unclean-default", 0)[0].leader == -1,
+                   timeout_s=15)  # fmt: skip
+        assert cluster.alter("", unclean_leader_election_enable="true") is None
+        wait_until(lambda: cluster.leader("unclean-default") == other, timeout_s=15,
+                   message="the controller elects the out-of-sync replica at once")  # fmt: skip
+    finally:
+        assert (
+            cluster.alter("", AlterConfigOpType.DELETE, unclean_leader_election_enable="") is None
+        )
+        cluster.set.restart(cluster.brokers[leader])
+        cluster.fresh_admin()
