@@ -24,7 +24,7 @@ import logging
 from collections.abc import Mapping
 
 from localcluster import topic_config
-from localcluster.broker.config import BrokerConfig, ConfigError, _parse
+from localcluster.broker.config import BrokerConfig, ConfigError, parse_property
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _typed(name: str, text: str):
     """A stored string as the BrokerConfig field's value (raises ConfigError or TopicConfigError
     when it does not parse)."""
     DYNAMIC[name].parse(name, text)  # the range check
-    return _parse(name, _FIELDS[name].type, text)
+    return parse_property(name, text)
 
 
 def effective(static: BrokerConfig, cluster_default: Mapping[str, str],

@@ -115,6 +115,8 @@ class KafkaController:
         was, self.config = self.config.unclean_leader_election_enable, config
         if self.core is None:
             return
+        # a flag the core reads at each election (one event loop: never mid-step); the
+        # elections it now allows come as events, through the queue
         self.core.partitions.unclean_default = enabled
         if enabled and not was and self.is_active:
             for topic in sorted(self.core.ctx.topics()):
