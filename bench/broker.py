@@ -434,13 +434,16 @@ def run_worker(target, *args, timeout_s: float = 300.0) -> dict:
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
-    """Each partition's end offset as consumers see it (its high watermark)."""
-    from confluent_kafka import Consumer, TopicPartition
+    """Each partition's end offset as consumers see it (its high watermark). Our client's
+    ListOffsets, with no group: a confluent-kafka Consumer needs a group.id, and librdkafka
+    looks up its coordinator at once, which creates __consumer_offsets (50 partitions that the
+    followers then fetch in every request: the runs after the first measured half the rate)."""
+    from localcluster.client import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-offsets"})
+    consumer = Consumer(bootstrap_servers=bootstrap)
     try:
-        return [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)]  # fmt: skip
+        ends = consumer.end_offsets([(topic, p) for p in range(partitions)])
+        return [ends[(topic, p)] for p in range(partitions)]
     finally:
         consumer.close()
 
