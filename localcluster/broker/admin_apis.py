@@ -296,7 +296,8 @@ class AdminApis:
                 result = await self._describe_topic(resource.resource_name, keys, synonyms,
                                                     documentation)  # fmt: skip
             elif resource.resource_type == BROKER_RESOURCE:
-                result = await self._describe_broker(resource.resource_name, keys, synonyms)
+                result = await self._describe_broker(resource.resource_name, keys, synonyms,
+                                                     documentation)  # fmt: skip
             else:
                 result = {"error_code": ErrorCode.invalid_request,
                           "error_message": f"resource type {resource.resource_type} is not "
@@ -332,7 +333,8 @@ class AdminApis:
                 "documentation": spec.documentation if documentation else None})  # fmt: skip
         return {"error_code": 0, "configs": configs}
 
-    async def _describe_broker(self, name: str, keys, synonyms: bool) -> dict:
+    async def _describe_broker(self, name: str, keys, synonyms: bool, documentation: bool
+                               ) -> dict:  # fmt: skip
         if name not in ("", str(self.config.broker_id)):
             return {"error_code": ErrorCode.invalid_request,
                     "error_message": f"this is broker {self.config.broker_id}: send broker "
@@ -341,7 +343,8 @@ class AdminApis:
         if name == "":  # Kafka: the cluster-wide dynamic layer alone
             return {"error_code": 0, "configs": [
                 _entry(key, value, dynamic_config.DYNAMIC_DEFAULT_BROKER_CONFIG,
-                       [(key, value, dynamic_config.DYNAMIC_DEFAULT_BROKER_CONFIG)], synonyms)
+                       [(key, value, dynamic_config.DYNAMIC_DEFAULT_BROKER_CONFIG)], synonyms,
+                       documentation)
                 for key, value in sorted(cluster_default.items())
                 if keys is None or key in keys]}  # fmt: skip
         configs = []
@@ -349,7 +352,7 @@ class AdminApis:
             if keys is not None and key not in keys:
                 continue
             chain = dynamic_config.synonyms(key, self.config, cluster_default, own)
-            configs.append(_entry(key, chain[0][1], chain[0][2], chain, synonyms))
+            configs.append(_entry(key, chain[0][1], chain[0][2], chain, synonyms, documentation))
         return {"error_code": 0, "configs": configs}
 
     # -- AlterConfigs / IncrementalAlterConfigs --------------------------------------------------
@@ -485,9 +488,10 @@ def _synonyms(chain) -> list[dict]:
     return [{"name": n, "value": v, "source": source} for n, v, source in chain]
 
 
-def _entry(key: str, value, source: int, chain, synonyms: bool) -> dict:
+def _entry(key: str, value, source: int, chain, synonyms: bool, documentation: bool) -> dict:
     """One broker property as DescribeConfigs answers it."""
     return {"name": key, "value": value, "read_only": key not in dynamic_config.DYNAMIC,
             "config_source": source, "is_sensitive": False,
             "synonyms": _synonyms(chain) if synonyms else [],
-            "config_type": dynamic_config.config_type(key)}  # fmt: skip
+            "config_type": dynamic_config.config_type(key),
+            "documentation": dynamic_config.documentation(key) if documentation else None}  # fmt: skip

@@ -161,3 +161,11 @@ def config_type(name: str) -> int:
     if annotation == "float":
         return topic_config.DOUBLE
     return topic_config.STRING
+
+
+def documentation(name: str) -> str | None:
+    """DescribeConfigs' documentation of a broker property (the topic config's words for a
+    dynamic one; BrokerConfig's note, if any, for the rest)."""
+    if name in DYNAMIC:
+        return DYNAMIC[name].documentation
+    return _FIELDS[name].metadata.get("doc") or None

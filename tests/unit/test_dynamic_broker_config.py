@@ -94,12 +94,14 @@ def test_a_topic_override_comes_first_then_its_broker_property():
     assert without[0] == ("log.segment.bytes", "4096", dc.DYNAMIC_BROKER_CONFIG)
 
 
-def test_config_types_are_kafkas():
+def test_config_types_and_documentation_are_kafkas():
     assert dc.config_type("log.cleanup.policy") == topic_config.LIST
     assert dc.config_type("log.retention.ms") == topic_config.LONG
     assert dc.config_type("broker.id") == topic_config.INT
     assert dc.config_type("controlled.shutdown.enable") == topic_config.BOOLEAN
     assert dc.config_type("listeners") == topic_config.STRING
+    assert "delete a segment" in dc.documentation("log.retention.ms")
+    assert dc.documentation("broker.id") is None
 
 
 @pytest.mark.parametrize("args", [["describe"], ["describe", "1", "--default"],
