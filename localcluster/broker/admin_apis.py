@@ -23,16 +23,23 @@ answered from the logs: records_apis.py).
   inside the controller's process, which any broker reaches here through the store), and each
   is answered when its new leader is in the store, or REQUEST_TIMED_OUT.
 - DescribeConfigs (v1-v4) describes a topic (its effective TopicConfig: each value with its
-  source, DYNAMIC_TOPIC_CONFIG for an override, else the broker's property it falls back to,
-  and the synonyms when asked) or this broker (every property of BrokerConfig, all read-only:
-  none can be changed live here yet). A broker resource names one broker; it is answered by
-  that broker only (clients send it there), an empty name meaning this one.
+  source, DYNAMIC_TOPIC_CONFIG for an override, else the broker property it falls back to with
+  that one's source, and the synonyms in precedence order when asked) or a broker: "<id>" is
+  every property of this broker with its source (dynamic_config.py's layers; read_only false
+  for the dynamic ones), answered by that broker only (clients send it there); "" is the
+  cluster-wide dynamic default layer alone, as Kafka answers it. The layers are read from the
+  store at each request, so a describe right after an alter shows it on every broker.
 - AlterConfigs (v0-v2) replaces a topic's overrides; IncrementalAlterConfigs (v0-v1) sets,
   deletes, appends to or subtracts from single ones (APPEND/SUBTRACT on cleanup.policy, the one
   list). The result is validated as CreateTopics validates (INVALID_CONFIG naming the
   property, nothing written), then written with a change notification, as ZooKeeper-mode Kafka
   does; every broker applies it live (broker/config_changes.py). validate_only writes nothing.
-  Broker resources are refused: no broker property changes live here.
+  A broker resource ("<id>" or "" for the cluster-wide default) changes that dynamic layer
+  the same way (/config/brokers/<id> or <default>); only the log defaults topics inherit are
+  dynamic (INVALID_REQUEST "Cannot update these configs dynamically" for the others, as
+  Kafka; a bad value is INVALID_CONFIG naming the property, where Kafka's ZooKeeper mode says
+  INVALID_REQUEST). Any broker takes a broker resource (Kafka wants it sent to that broker):
+  all run the same checks, and the store is shared.
 - DescribeCluster (v0-v1) answers the live brokers on the request's listener, the controller
   id from the store and the cluster id; authorized operations are Kafka's "not asked"
   (INT32_MIN) unless asked, then every cluster operation (nothing is denied here). Only
@@ -48,6 +55,7 @@ import time
 from kio.schema.errors import ErrorCode
 
 from localcluster import topic_config
+from localcluster.broker import dynamic_config
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.metadata import OFFSETS_TOPIC, ClusterMetadata, legal_topic
 from localcluster.controller.assignment import (
@@ -58,15 +66,12 @@ from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
-# DescribeConfigs' config_source values (Kafka's DescribeConfigsResponse.ConfigSource)
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 UNKNOWN_TOPIC_ID = 100
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)  # Kafka's Int32.MinValue: not asked
 # Kafka's cluster operations (AclOperation codes): CREATE 4, CLUSTER_ACTION 7, DESCRIBE_CONFIGS 8,
 # ALTER_CONFIGS 9, IDEMPOTENT_WRITE 10, ALTER 11 (bit n set for code n), DESCRIBE 12.
 CLUSTER_OPERATIONS = sum(1 << code for code in (4, 7, 8, 9, 10, 11, 12))
 BROKERS_ENDPOINT = 1
-_BROKER_DEFAULTS = BrokerConfig()
 
 
 class AdminApis:
@@ -291,7 +296,8 @@ class AdminApis:
                 result = await self._describe_topic(resource.resource_name, keys, synonyms,
                                                     documentation)  # fmt: skip
             elif resource.resource_type == BROKER_RESOURCE:
-                result = self._describe_broker(resource.resource_name, keys)
+                result = await self._describe_broker(resource.resource_name, keys, synonyms,
+                                                     documentation)  # fmt: skip
             else:
                 result = {"error_code": ErrorCode.invalid_request,
                           "error_message": f"resource type {resource.resource_type} is not "
@@ -300,51 +306,54 @@ class AdminApis:
                             "resource_name": resource.resource_name, **result})  # fmt: skip
         return messages.write_response(header, {"results": results})
 
+    async def _broker_layers(self) -> tuple[dict, dict]:
+        """This broker's dynamic layers from the store: (cluster-wide default, own)."""
+        zk, own = self.metadata.zk, dynamic_config.entity(self.config.broker_id)
+        return await asyncio.to_thread(
+            lambda: (zk.broker_config(dynamic_config.DEFAULT_ENTITY), zk.broker_config(own)))  # fmt: skip
+
     async def _describe_topic(self, name: str, keys, synonyms: bool, documentation: bool) -> dict:
         zk = self.metadata.zk
         if await self._assignment(name) is None:
             return {"error_code": ErrorCode.unknown_topic_or_partition,
                     "error_message": f"topic {name!r} does not exist", "configs": []}  # fmt: skip
         overrides = await asyncio.to_thread(zk.topic_config, name)
-        effective = topic_config.resolve(overrides, self.config, name)
+        layers = await self._broker_layers()
+        effective = topic_config.resolve(overrides, dynamic_config.effective(self.config, *layers),
+                                         name)  # fmt: skip
         configs = []
         for key, spec in sorted(topic_config.SPECS.items()):
             if keys is not None and key not in keys:
                 continue
-            broker_value = topic_config.text(spec.default(self.config))
-            broker_source = self._broker_source(spec.broker_property, spec.default)
-            chain = [(spec.broker_property, broker_value, broker_source)]
-            if key in overrides:
-                chain.insert(0, (key, overrides[key], DYNAMIC_TOPIC_CONFIG))
+            chain = dynamic_config.topic_synonyms(key, overrides, self.config, *layers)
             configs.append({
                 "name": key, "value": topic_config.text(getattr(effective, spec.field)),
                 "read_only": False, "config_source": chain[0][2], "is_sensitive": False,
-                "synonyms": [{"name": n, "value": v, "source": s} for n, v, s in chain]
-                if synonyms else [],
-                "config_type": spec.kind,
+                "synonyms": _synonyms(chain) if synonyms else [], "config_type": spec.kind,
                 "documentation": spec.documentation if documentation else None})  # fmt: skip
         return {"error_code": 0, "configs": configs}
 
-    def _describe_broker(self, name: str, keys) -> dict:
+    async def _describe_broker(self, name: str, keys, synonyms: bool, documentation: bool
+                               ) -> dict:  # fmt: skip
         if name not in ("", str(self.config.broker_id)):
             return {"error_code": ErrorCode.invalid_request,
                     "error_message": f"this is broker {self.config.broker_id}: send broker "
                     f"{name}'s DescribeConfigs to that broker", "configs": []}  # fmt: skip
+        cluster_default, own = await self._broker_layers()
+        if name == "":  # Kafka: the cluster-wide dynamic layer alone
+            return {"error_code": 0, "configs": [
+                _entry(key, value, dynamic_config.DYNAMIC_DEFAULT_BROKER_CONFIG,
+                       [(key, value, dynamic_config.DYNAMIC_DEFAULT_BROKER_CONFIG)], synonyms,
+                       documentation)
+                for key, value in sorted(cluster_default.items())
+                if keys is None or key in keys]}  # fmt: skip
         configs = []
-        defaults = _BROKER_DEFAULTS.properties()
-        for key, value in sorted(self.config.properties().items()):
+        for key in dynamic_config.properties():
             if keys is not None and key not in keys:
                 continue
-            source = DEFAULT_CONFIG if defaults.get(key) == value else STATIC_BROKER_CONFIG
-            configs.append({"name": key, "value": None if value is None else
-                            topic_config.text(value), "read_only": True, "config_source": source,
-                            "is_sensitive": False, "synonyms": [],
-                            "config_type": _broker_type(value)})  # fmt: skip
+            chain = dynamic_config.synonyms(key, self.config, cluster_default, own)
+            configs.append(_entry(key, chain[0][1], chain[0][2], chain, synonyms, documentation))
         return {"error_code": 0, "configs": configs}
-
-    def _broker_source(self, broker_property: str, default) -> int:
-        same = default(self.config) == default(_BROKER_DEFAULTS)
-        return DEFAULT_CONFIG if same else STATIC_BROKER_CONFIG
 
     # -- AlterConfigs / IncrementalAlterConfigs --------------------------------------------------
 
@@ -370,9 +379,11 @@ class AdminApis:
         return messages.write_response(header, {"responses": responses})
 
     async def _alter_one(self, resource, change, validate_only: bool) -> tuple[int, str | None]:
+        if resource.resource_type == BROKER_RESOURCE:
+            return await self._alter_broker(resource, change, validate_only)
         if resource.resource_type != TOPIC_RESOURCE:
-            return ErrorCode.invalid_request, ("only topic configs change here (resource type 2); "
-                                               "broker properties are static")  # fmt: skip
+            return ErrorCode.invalid_request, ("configs change here for topics (resource type 2) "
+                                               "and brokers (4)")  # fmt: skip
         name, zk = resource.resource_name, self.metadata.zk
         assignment = await self._assignment(name)
         if assignment is None:
@@ -388,13 +399,30 @@ class AdminApis:
             await asyncio.to_thread(zk.change_topic_config, name, validated)
         return ErrorCode.none, None
 
+    async def _alter_broker(self, resource, change, validate_only: bool) -> tuple[int, str | None]:
+        """A dynamic broker layer: "<id>" (one broker) or "" (the cluster-wide default)."""
+        name, zk = resource.resource_name, self.metadata.zk
+        if name != "" and not (name.isdigit() and name == str(int(name))):
+            return ErrorCode.invalid_request, (f"broker resource {name!r}: name a broker id, or "
+                                               "'' for the cluster-wide default")  # fmt: skip
+        entity = dynamic_config.entity(int(name) if name else None)
+        current = await asyncio.to_thread(zk.broker_config, entity)
+        try:
+            wanted = change(dict(current), resource)
+            validated = dynamic_config.validate(wanted)
+        except (topic_config.TopicConfigError, dynamic_config.DynamicConfigError) as e:
+            return ErrorCode(e.error_code), str(e)
+        if not validate_only:
+            await asyncio.to_thread(zk.change_broker_config, entity, validated)
+        return ErrorCode.none, None
+
 
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' config_operation
 
 
 def _apply_operations(current: dict, resource) -> dict:
-    """Kafka's incremental operations on a topic's overrides (APPEND and SUBTRACT only for list
-    configs; here cleanup.policy)."""
+    """Kafka's incremental operations on a topic's overrides or a dynamic broker layer (APPEND
+    and SUBTRACT only for list configs; here cleanup.policy and log.cleanup.policy)."""
     out = dict(current)
     for c in resource.configs:
         if c.config_operation == SET:
@@ -402,11 +430,12 @@ def _apply_operations(current: dict, resource) -> dict:
         elif c.config_operation == DELETE:
             out.pop(c.name, None)
         elif c.config_operation in (APPEND, SUBTRACT):
-            spec = topic_config.SPECS.get(c.name)
+            spec = topic_config.SPECS.get(c.name) or dynamic_config.DYNAMIC.get(c.name)
             if spec is None or spec.kind != topic_config.LIST:
                 raise topic_config.TopicConfigError(topic_config.INVALID_CONFIG,
                                                     f"{c.name}: APPEND and SUBTRACT apply to list "
-                                                    "configs only (cleanup.policy)")  # fmt: skip
+                                                    "configs only (cleanup.policy, "
+                                                    "log.cleanup.policy)")  # fmt: skip
             have = [v for v in out.get(c.name, "delete").split(",") if v]
             given = [v.strip() for v in (c.value or "").split(",") if v.strip()]
             have = (have + [v for v in given if v not in have] if c.config_operation == APPEND
@@ -455,9 +484,14 @@ def _check_new_assignment(added: dict, count: int, rf: int, live: set[int]) -> s
     return None
 
 
-def _broker_type(value) -> int:
-    if isinstance(value, bool):
-        return topic_config.BOOLEAN
-    if isinstance(value, int):
-        return topic_config.LONG if abs(value) > 2**31 - 1 else topic_config.INT
-    return topic_config.STRING
+def _synonyms(chain) -> list[dict]:
+    return [{"name": n, "value": v, "source": source} for n, v, source in chain]
+
+
+def _entry(key: str, value, source: int, chain, synonyms: bool, documentation: bool) -> dict:
+    """One broker property as DescribeConfigs answers it."""
+    return {"name": key, "value": value, "read_only": key not in dynamic_config.DYNAMIC,
+            "config_source": source, "is_sensitive": False,
+            "synonyms": _synonyms(chain) if synonyms else [],
+            "config_type": dynamic_config.config_type(key),
+            "documentation": dynamic_config.documentation(key) if documentation else None}  # fmt: skip

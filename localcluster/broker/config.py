@@ -225,6 +225,13 @@ def _property(attribute: str) -> str:
                 if f.name == attribute)  # fmt: skip
 
 
+def parse_property(name: str, raw: str):
+    """One property's value typed as BrokerConfig holds it (a ConfigError naming it when it
+    does not parse); the dynamic layers' values go through here (broker/dynamic_config.py)."""
+    f = next(f for f in dataclasses.fields(BrokerConfig) if f.metadata["property"] == name)
+    return _parse(name, f.type, raw)
+
+
 def _parse(name: str, annotation: str, raw: str):
     text = str(raw).strip()
     if annotation == "bool":

@@ -80,6 +80,7 @@ class ClusterMetadata:
         self.zk = KafkaZkClient(coord)
         self.broker_id = broker_id
         self.defaults = defaults  # BrokerConfig: num.partitions, default.replication.factor
+        self.static = defaults  # as started; `defaults` adds the dynamic layers (config_changes)
 
     async def _run(self, fn: Callable, *args):
         return await asyncio.to_thread(fn, *args)

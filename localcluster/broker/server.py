@@ -37,7 +37,7 @@ from localcluster.broker import state_change_log
 from localcluster.broker.admin_apis import AdminApis
 from localcluster.broker.authorizer import Authorizer
 from localcluster.broker.config import BrokerConfig, ConfigError
-from localcluster.broker.config_changes import follow_config_changes
+from localcluster.broker.config_changes import follow_config_changes, load_broker_configs
 from localcluster.broker.group_apis import GroupApis
 from localcluster.broker.group_coordinator import GroupCoordinator
 from localcluster.broker.inter_broker import InterBrokerConnector, host_id
@@ -178,6 +178,7 @@ class BrokerServer:
         )
         try:
             await self._await_free_registration()
+            await load_broker_configs(self.metadata, self.replica_manager)
             await asyncio.to_thread(self.replica_manager.open_logs)
             await self._serve()
         finally:
@@ -258,7 +259,7 @@ class BrokerServer:
         self._registration = registration
         (self.broker_dir / "broker.pid").write_text(f"{os.getpid()}\n")
         if c.controller_eligible:
-            self.controller = KafkaController(c.broker_id, self.metadata.zk, c)
+            self.controller = KafkaController(c.broker_id, self.metadata.zk, self.metadata.defaults)
             self.controller.connector = connector
             apis.controller = self.controller
             self.controller.start()
@@ -266,7 +267,8 @@ class BrokerServer:
             loop.create_task(self._watch_session()),
             loop.create_task(follow_config_changes(
                 self.metadata, self.replica_manager,
-                self.controller and self.controller.enable_topic_unclean_leader_election)),
+                self.controller and self.controller.enable_topic_unclean_leader_election,
+                self.controller and self.controller.update_broker_config)),
             loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
                                          self.replica_manager.checkpoint_high_watermarks)),
             loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),

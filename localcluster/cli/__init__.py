@@ -1,7 +1,8 @@
 """The `localcluster` command: parse arguments, call into the package, render the result.
 
 One module per command group, each a thin face over the engines (cluster.py, supervisor.py,
-tools/): cluster (up, status, down), brokers (kill, start, shutdown, logs), partitions
+tools/): cluster (up, status, down), brokers (kill, start, shutdown, logs), broker_configs
+(broker describe, alter), partitions
 (elect, reassign), topics, groups (consumer groups), records (produce, consume), storage
 (demo, log dump), perf and chaos; options holds what the cluster commands share. No protocol or storage logic lives
 here. Every cluster command takes --dir (or LOCALCLUSTER_DIR; default ./.localcluster).
@@ -17,6 +18,7 @@ import click
 
 from localcluster import __version__
 from localcluster.cli import (
+    broker_configs,
     brokers,
     chaos,
     cluster,
@@ -46,7 +48,7 @@ for _command in (
     cluster.up, cluster.status, cluster.down,
     brokers.kill, brokers.start, brokers.shutdown, brokers.logs,
     partitions.elect, partitions.reassign,
-    topics.topic, groups.groups,
+    topics.topic, broker_configs.broker, groups.groups,
     records.produce, records.consume,
     storage.demo, storage.log,
     perf.perf, chaos.chaos,

@@ -243,13 +243,46 @@ class AsyncAdmin:
                                   delete: list[str] = ()) -> None:  # fmt: skip
         """Set and delete overrides of a topic's config (IncrementalAlterConfigs SET and
         DELETE); the broker validates the result as CreateTopics does (INVALID_CONFIG)."""
+        await self._alter_configs(2, topic, set_configs, delete, f"alter configs of {topic!r}")
+
+    async def describe_broker_configs(self, broker_id: int | None = None
+                                      ) -> dict[str, ConfigValue]:  # fmt: skip
+        """A broker's properties with their sources, asked of that broker; None: the
+        cluster-wide dynamic default layer alone (what `alter_broker_configs(None, ...)` set)."""
+        name = "" if broker_id is None else str(broker_id)
+        connection = None
+        if broker_id is not None:
+            if broker_id not in self.cluster.metadata.brokers:
+                await self._metadata([])  # its address
+            connection = await self.cluster.connection(broker_id)
+        answer = await self._ask(ApiKey.DESCRIBE_CONFIGS, {"resources": [
+            {"resource_type": 4, "resource_name": name, "configuration_keys": None}]},
+            connection)  # fmt: skip
+        (result,) = answer.results
+        what = "the cluster-wide default" if broker_id is None else f"broker {broker_id}"
+        check_error(result.error_code, f"describe configs of {what}", result.error_message)
+        return {c.name: ConfigValue(c.value, CONFIG_SOURCES.get(c.config_source, "UNKNOWN"),
+                                    c.read_only)
+                for c in result.configs}  # fmt: skip
+
+    async def alter_broker_configs(self, broker_id: int | None, set_configs: Mapping[str, str],
+                                   delete: list[str] = ()) -> None:  # fmt: skip
+        """Set and delete dynamic broker properties of one broker, or the cluster-wide default
+        (None); only the log defaults topics inherit are dynamic (INVALID_REQUEST otherwise)."""
+        what = "the cluster-wide default" if broker_id is None else f"broker {broker_id}"
+        await self._alter_configs(4, "" if broker_id is None else str(broker_id), set_configs,
+                                  delete, f"alter configs of {what}")  # fmt: skip
+
+    async def _alter_configs(self, resource_type: int, name: str, set_configs: Mapping[str, str],
+                             delete, what: str) -> None:  # fmt: skip
         operations = ([{"name": k, "config_operation": 0, "value": str(v)}
                        for k, v in set_configs.items()]
                       + [{"name": k, "config_operation": 1, "value": None} for k in delete])  # fmt: skip
         answer = await self._ask(ApiKey.INCREMENTAL_ALTER_CONFIGS, {"validate_only": False,
-            "resources": [{"resource_type": 2, "resource_name": topic, "configs": operations}]})  # fmt: skip
+            "resources": [{"resource_type": resource_type, "resource_name": name,
+                           "configs": operations}]})  # fmt: skip
         (result,) = answer.responses
-        check_error(result.error_code, f"alter configs of {topic!r}", result.error_message)
+        check_error(result.error_code, what, result.error_message)
 
     async def delete_records(self, offsets: Mapping[TopicPartition, int],
                              timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip
@@ -544,6 +577,13 @@ class Admin:
     def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str],
                             delete: list[str] = ()) -> None:  # fmt: skip
         self._thread.run(self._admin.alter_topic_configs(topic, set_configs, delete))
+
+    def describe_broker_configs(self, broker_id: int | None = None) -> dict[str, ConfigValue]:
+        return self._thread.run(self._admin.describe_broker_configs(broker_id))
+
+    def alter_broker_configs(self, broker_id: int | None, set_configs: Mapping[str, str],
+                             delete: list[str] = ()) -> None:  # fmt: skip
+        self._thread.run(self._admin.alter_broker_configs(broker_id, set_configs, delete))
 
     def delete_records(self, offsets: Mapping[TopicPartition, int],
                        timeout_ms: int | None = None) -> dict[TopicPartition, int]:  # fmt: skip

@@ -106,6 +106,22 @@ class KafkaController:
         if self.is_active:
             self.enqueue(ev.TopicUncleanLeaderElectionEnable(topic))
 
+    def update_broker_config(self, config) -> None:
+        """This broker's dynamic configs changed (broker/config_changes.py): a later term reads
+        the new `config`; the active core takes unclean.leader.election.enable at once and, when
+        it turned on, elects for every topic's offline partitions (Kafka's
+        enableDefaultUncleanLeaderElection)."""
+        enabled = config.unclean_leader_election_enable
+        was, self.config = self.config.unclean_leader_election_enable, config
+        if self.core is None:
+            return
+        # a flag the core reads at each election (one event loop: never mid-step); the
+        # elections it now allows come as events, through the queue
+        self.core.partitions.unclean_default = enabled
+        if enabled and not was and self.is_active:
+            for topic in sorted(self.core.ctx.topics()):
+                self.enqueue(ev.TopicUncleanLeaderElectionEnable(topic))
+
     def request_controlled_shutdown(self, broker_id: int, answer: asyncio.Future) -> None:
         """`answer` gets (error code, partitions still led), or None when no core ran it."""
         self._next_correlation_id += 1

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 CONFIG_TOPICS = "/config/topics"
 CONFIG_CHANGES = "/config/changes"  # Kafka's change notifications: config_change_<seq>
 MAX_CONFIG_CHANGES = 100  # older ones are deleted (Kafka expires them after 15 minutes)
+CONFIG_BROKERS = "/config/brokers"  # dynamic broker configs: <id> and <default>
 CONFIG_USERS = "/config/users"  # SCRAM credentials, as `kafka-configs.sh --entity-type users`
 CLUSTER_ID = "/cluster/id"
 
@@ -56,6 +57,10 @@ class ControllerMovedError(Exception):
 
 def config_path(topic: str) -> str:
     return f"{CONFIG_TOPICS}/{topic}"
+
+
+def broker_config_path(entity: str) -> str:
+    return f"{CONFIG_BROKERS}/{entity}"
 
 
 def user_config_path(user: str) -> str:
@@ -196,14 +201,40 @@ class KafkaZkClient:
         """Replace the topic's overrides and announce it, in one transaction, as Kafka's
         AdminZkClient.changeTopicConfig does (a sequential /config/changes/config_change_
         naming the entity; every broker watches that list)."""
+        self._change_config(config_path(topic), f"topics/{topic}", config, may_create=False)
+
+    def broker_config(self, entity: str) -> dict[str, str]:
+        """/config/brokers/<id> or /config/brokers/<default>: a dynamic broker layer, or {}."""
+        try:
+            data, _ = self.coord.get(broker_config_path(entity))
+        except NoNodeError:
+            return {}
+        return decode_topic_config(broker_config_path(entity), data)
+
+    def change_broker_config(self, entity: str, config: dict[str, str]) -> None:
+        """Replace a dynamic broker layer and announce it (AdminZkClient.changeBrokerConfig:
+        the notification names brokers/<id> or brokers/<default>)."""
+        self.coord.ensure_path(CONFIG_BROKERS)
+        self._change_config(
+            broker_config_path(entity), f"brokers/{entity}", config, may_create=True
+        )
+
+    def _change_config(self, path: str, entity_path: str, config: dict[str, str],
+                       may_create: bool) -> None:  # fmt: skip
         self.coord.ensure_path(CONFIG_CHANGES)
-        notice = json.dumps({"version": 2, "entity_path": f"topics/{topic}"}).encode()
-        tx = self.coord.transaction()
-        tx.set_data(config_path(topic), encode_topic_config(config))
-        tx.create(f"{CONFIG_CHANGES}/config_change_", notice, sequence=True)
-        for result in tx.commit():
-            if isinstance(result, Exception):
-                raise result
+        notice = json.dumps({"version": 2, "entity_path": entity_path}).encode()
+        for attempt in range(2):  # a broker layer may be created by another writer meanwhile
+            tx = self.coord.transaction()
+            if may_create and self.coord.exists(path) is None:
+                tx.create(path, encode_topic_config(config))
+            else:
+                tx.set_data(path, encode_topic_config(config))
+            tx.create(f"{CONFIG_CHANGES}/config_change_", notice, sequence=True)
+            failed = [r for r in tx.commit() if isinstance(r, Exception)]
+            if not failed:
+                break
+            if attempt or not isinstance(failed[0], (NodeExistsError, NoNodeError)):
+                raise failed[0]
         for old in self.config_changes()[:-MAX_CONFIG_CHANGES]:  # keep the list bounded
             try:
                 self.coord.delete(f"{CONFIG_CHANGES}/{old}")
@@ -215,7 +246,8 @@ class KafkaZkClient:
         return sorted(self.coord.get_children(CONFIG_CHANGES, watch))
 
     def config_change_entity(self, name: str) -> str | None:
-        """The entity path ("topics/<name>") a notification names; None when it is gone."""
+        """The entity path ("topics/<name>", "brokers/<id>") a notification names; None when
+        it is gone."""
         try:
             data, _ = self.coord.get(f"{CONFIG_CHANGES}/{name}")
             return str(json.loads(data)["entity_path"])
