@@ -18,25 +18,11 @@ import time
 from collections.abc import Callable
 
 from localcluster.broker.config import BrokerConfig
-from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost
-from localcluster.group import GroupConfig
+from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost, group_config
 
 log = logging.getLogger(__name__)
 
 __all__ = ["OFFSETS_TOPIC", "GroupCoordinator", "group_config"]
-
-
-def group_config(config: BrokerConfig) -> GroupConfig:
-    return GroupConfig(
-        group_min_session_timeout_ms=config.group_min_session_timeout_ms,
-        group_max_session_timeout_ms=config.group_max_session_timeout_ms,
-        group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-        group_max_size=config.group_max_size,
-        offsets_retention_ms=config.offsets_retention_minutes * 60_000,
-        offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
-        offset_metadata_max_bytes=config.offset_metadata_max_bytes,
-        max_append_bytes=config.message_max_bytes,
-    )
 
 
 class GroupCoordinator(GroupHost):

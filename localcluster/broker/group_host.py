@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from localcluster.broker.config import BrokerConfig
 from localcluster.broker.replica_host import ReplicaHost
 from localcluster.group import GroupConfig, GroupCoordinatorShard, Result, partition_for
 from localcluster.group.coordinator import Append
@@ -34,6 +35,19 @@ from localcluster.storage import record_batch as rb
 log = logging.getLogger(__name__)
 
 LOAD_CHUNK_BYTES = 1 << 20  # one read of the log while loading; the runtime yields between reads
+
+
+def group_config(config: BrokerConfig) -> GroupConfig:
+    return GroupConfig(
+        group_min_session_timeout_ms=config.group_min_session_timeout_ms,
+        group_max_session_timeout_ms=config.group_max_session_timeout_ms,
+        group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        group_max_size=config.group_max_size,
+        offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+        offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
+        offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+        max_append_bytes=config.message_max_bytes,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from localcluster import topic_config
 from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.broker.network import ListenerInfo
+from localcluster.broker.replica_host import ISR_READ_BACK, ISR_WRITE, write_isr_update
 from localcluster.controller.assignment import (
     InvalidReplicationFactorError,
     assign_replicas_to_brokers,
@@ -323,20 +324,14 @@ class ClusterMetadata:
 
     # -- the leader's ISR writes ----------------------------------------------------------------
 
-    def update_isr(self, update) -> tuple[bool, int | None]:
-        """Write a leader's new ISR, conditional on the zkVersion it read (Kafka's
-        updateLeaderAndIsr). Returns (written, zk_version now); zk_version None when the
-        leader was fenced (a new epoch or leader is in the store)."""
+    def update_isr(self, update, step: str = ISR_WRITE) -> tuple[bool, int | None]:
+        """One step of a leader's ISR write (replica_host.py states the sequence): the write,
+        conditional on the zkVersion the leader read, or reading the state back after the
+        write's answer was lost. (written, zk_version now), zk_version None when the leader
+        was fenced; raises when the store does not answer (a real ZooKeeper's connection loss)."""
         tp = (update.topic, update.partition)
-        found = self.zk.partition_state(*tp)
-        state = update.state(found[0].controller_epoch if found else 0)
-        try:
-            version = self.zk.update_isr_from_leader(tp, state, update.zk_version)
-        except Exception as e:
-            # The answer may be lost while the write landed (a real ZooKeeper's connection
-            # loss): only the store can say which, so read it back below.
-            log.info("%s-%d: ISR write answered %s; reading the state back", *tp, e)
-            version = None
-        if version is not None:
-            return True, version
-        return update.outcome(self.zk.partition_state(*tp))
+        if step == ISR_READ_BACK:
+            return update.outcome(self.zk.partition_state(*tp))
+        return write_isr_update(update, lambda: self.zk.partition_state(*tp),
+                                lambda state: self.zk.update_isr_from_leader(tp, state,
+                                                                             update.zk_version))  # fmt: skip

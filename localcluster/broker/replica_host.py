@@ -6,16 +6,21 @@ outcome back to the core, then hands the rest of the Ready to its runtime throug
 below (ISR writes, produce answers, waking fetches, fetch sessions, a wake-up time). It also
 does the steps that need the logs beside the core: opening the logs a LeaderAndIsr names, a
 leader's append (the producer state's verdict and the log's errors as error codes), a fetch's
-read, retention. Rules: nothing here decides (the core does), waits, sleeps or sends; time is
-the runtime's `now_ms`.
+read, retention. Both runtimes also take from here what they would otherwise each state: the
+core's and the logs' settings from a BrokerConfig, the table of periodic jobs, a Fetch's reads
+with DelayedFetch's verdict, and the ISR write's sequence (the conditional write, a clash or a
+lost answer read back once, then unknown: the core asks again). Rules: nothing here decides
+(the core does), waits, sleeps or sends; time is the runtime's `now_ms`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from localcluster.broker.config import BrokerConfig
 from localcluster.broker.log_manager import LogManager
 from localcluster.replication import errors
 from localcluster.replication import ready as r
@@ -25,9 +30,11 @@ from localcluster.replication.replica_core import (
     ReplicaConfig,
     ReplicaCore,
     TopicSettings,
+    fetch_answerable,
 )
 from localcluster.storage import (
     CorruptRecordError,
+    LogConfig,
     LogDirectoryFullError,
     OffsetOutOfRangeError,
     RecordBatchTooLargeError,
@@ -42,6 +49,36 @@ TopicPartition = tuple[str, int]
 APPEND_ERRORS = ((CorruptRecordError, errors.CORRUPT_MESSAGE),
                  (RecordBatchTooLargeError, errors.MESSAGE_TOO_LARGE),
                  (LogDirectoryFullError, errors.KAFKA_STORAGE_ERROR))  # fmt: skip
+# An ISR write's steps: the conditional write, then (its answer lost) reading the state back.
+ISR_WRITE, ISR_READ_BACK = "write", "read back"
+
+
+def replica_config(config: BrokerConfig) -> ReplicaConfig:
+    return ReplicaConfig(config.replication_protocol, config.min_insync_replicas,
+                         config.replica_lag_time_max_ms, config.replica_fetch_wait_max_ms,
+                         message_max_bytes=config.message_max_bytes)  # fmt: skip
+
+
+def log_config(topic: TopicConfig, segment_index_bytes: int) -> LogConfig:
+    """A log's settings from its topic's config. Time and size retention apply only when
+    cleanup.policy holds delete, as in Kafka."""
+    return LogConfig(segment_bytes=topic.segment_bytes, segment_index_bytes=segment_index_bytes,
+                     retention_bytes=topic.retention_bytes if topic.deletes else -1,
+                     retention_ms=topic.retention_ms if topic.deletes else -1,
+                     segment_ms=topic.segment_ms, log_append_time=topic.log_append_time)  # fmt: skip
+
+
+def write_isr_update(update: IsrUpdate, read_state: Callable[[], tuple | None],
+                     write: Callable[[object], int | None]) -> tuple[bool, int | None]:  # fmt: skip
+    """The store's side of a leader's ISR write (Kafka's updateLeaderAndIsr): the new state
+    keeps the znode's controller epoch, `write(state)` is conditional on the version the
+    leader read (None on a clash; it raises when its answer is lost), and a clash is read
+    back at once for `IsrUpdate.outcome`. (written, zk_version now)."""
+    found = read_state()
+    version = write(update.state(found[0].controller_epoch if found else 0))
+    if version is not None:
+        return True, version
+    return update.outcome(read_state())
 
 
 @dataclass(slots=True)
@@ -71,6 +108,29 @@ class PartitionRead:
     @property
     def size(self) -> int:
         return sum(s.length for s in self.records)
+
+
+class FetchPosition(NamedTuple):
+    """One partition of a Fetch: where to read and the most to read of it."""
+
+    tp: TopicPartition
+    fetch_offset: int
+    current_leader_epoch: int
+    log_start_offset: int  # the follower's (-1 from a consumer)
+    max_bytes: int
+
+
+@dataclass(slots=True)
+class FetchRead:
+    """A Fetch's partitions as the leader read them, in the request's order."""
+
+    partitions: list[PartitionRead]
+    bytes_read: int
+    failed: bool
+
+    def answerable(self, min_bytes: int) -> bool:
+        """DelayedFetch: answer now, or wait (for appends, up to max_wait_ms) and read again."""
+        return fetch_answerable(self.failed, self.bytes_read, min_bytes)
 
 
 class ReplicaHost:
@@ -142,6 +202,38 @@ class ReplicaHost:
         self.execute(self.core.expire_produces(now_ms))
         self.execute(self.core.retry_isr_writes(now_ms))
 
+    def periodic_jobs(self, config: BrokerConfig) -> list[tuple[int, Callable[[], None]]]:
+        """(interval ms, job): the broker's periodic work, which each runtime schedules."""
+        return [(config.replica_high_watermark_checkpoint_interval_ms,
+                 self.checkpoint_high_watermarks),
+                # Kafka's recovery-point checkpoint: the HW has its own job above
+                (config.log_flush_offset_checkpoint_interval_ms,
+                 self.log_manager.checkpoint_recovery_points),
+                (self.core.config.isr_shrink_interval_ms, self.maybe_shrink_isr),
+                (config.log_retention_check_interval_ms, self.check_retention)]  # fmt: skip
+
+    def maybe_shrink_isr(self) -> None:
+        self.execute(self.core.maybe_shrink_isr(self.now_ms()))
+
+    # -- ISR writes ------------------------------------------------------------------------------
+
+    def on_isr_write_answered(self, update: IsrUpdate, ok: bool, zk_version: int | None) -> None:
+        self.execute(self.core.on_isr_write_result(update, ok, zk_version))
+
+    def on_isr_write_unanswered(self, update: IsrUpdate, step: str, reason: object) -> str | None:
+        """The store did not answer `step` (the write may have landed): after the write, read
+        the state back (the next step, returned); after the read-back too, the outcome is
+        unknown and the core asks again after isr_write_retry_ms (None: nothing to send)."""
+        tp = f"{update.topic}-{update.partition}"
+        if step == ISR_WRITE:
+            log.info("%s: ISR %s write unanswered (%s); reading the state back",
+                     tp, list(update.isr), reason)  # fmt: skip
+            return ISR_READ_BACK
+        log.warning("%s: ISR %s may or may not be written (%s); checking again in %d ms",
+                    tp, list(update.isr), reason, self.core.config.isr_write_retry_ms)  # fmt: skip
+        self.execute(self.core.on_isr_write_unknown(update, self.now_ms()))
+        return None
+
     # -- logs and checkpoints --------------------------------------------------------------------
 
     def open_logs(self) -> None:
@@ -151,15 +243,14 @@ class ReplicaHost:
     def checkpoint_high_watermarks(self) -> None:
         self.log_manager.write_high_watermarks(self.core.checkpoint_high_watermarks())
 
-    def checkpoint(self) -> None:
-        """Flush every log, then write recovery points and high watermarks."""
-        self.log_manager.checkpoint_recovery_points()
-        self.checkpoint_high_watermarks()
-
     def close(self) -> None:
         """A clean shutdown: flush, both checkpoints, close every log."""
         self.log_manager.close(self.core.checkpoint_high_watermarks())
         self.partitions.clear()
+
+    def check_retention(self) -> None:
+        """Retention by the wall clock: segment timestamps are wall-clock (the runtime's)."""
+        self.retention(self.log_manager.wall_clock_ms())
 
     def retention(self, now_ms: int) -> list[TopicPartition]:
         """Delete old segments below the HW (log.retention.*); the partitions whose start moved."""
@@ -240,6 +331,30 @@ class ReplicaHost:
         else:
             result.error, result.message = ready.response.error, ready.response.message
         return result
+
+    def read_fetch(self, replica_id: int, positions: Sequence[FetchPosition], max_bytes: int,
+                   record: bool) -> FetchRead:  # fmt: skip
+        """A Fetch's reads: a follower's (replica_id >= 0) to the log end, a consumer's to the
+        HW; at most `max_bytes` in all (<= 0: no bound), at least one batch of the first
+        partition with data (KIP-74). `record` (a fetch's first read, not a re-read after a
+        wait): the follower's positions go to the core first, which may move the HW or
+        expand the ISR."""
+        follower = replica_id >= 0
+        if follower and record:
+            fetched = ((p.tp, p.fetch_offset, p.current_leader_epoch, p.log_start_offset)
+                       for p in positions)  # fmt: skip
+            self.execute(self.core.record_follower_fetch(replica_id, fetched, self.now_ms()))
+        budget = max_bytes if max_bytes > 0 else 1 << 30
+        out, total, failed = [], 0, False
+        for p in positions:
+            read = self.read_partition(p.tp, p.fetch_offset, min(p.max_bytes, budget), follower,
+                                       p.current_leader_epoch, first=(total == 0))  # fmt: skip
+            failed |= read.error != errors.NONE
+            size = read.size
+            total += size
+            budget = max(budget - size, 0)
+            out.append(read)
+        return FetchRead(out, total, failed)
 
     def read_partition(self, tp: TopicPartition, fetch_offset: int, max_bytes: int,
                        follower: bool, current_leader_epoch: int, first: bool) -> PartitionRead:  # fmt: skip

@@ -25,7 +25,13 @@ from kio.schema.errors import ErrorCode
 
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.log_manager import LogManager
-from localcluster.broker.replica_host import ReplicaHost
+from localcluster.broker.replica_host import (
+    ISR_WRITE,
+    FetchPosition,
+    ReplicaHost,
+    log_config,
+    replica_config,
+)
 from localcluster.broker.state_change_log import log_state_change
 from localcluster.metrics.board import NullMetricsWriter
 from localcluster.protocol.controller_requests import (
@@ -37,15 +43,15 @@ from localcluster.protocol.fetch import FetchPartitionResponse, FetchRequest
 from localcluster.protocol.produce import ProducePartitionResponse
 from localcluster.replication import ready as r
 from localcluster.replication.partition import IsrUpdate
-from localcluster.replication.replica_core import ReplicaConfig, fetch_answerable
 from localcluster.storage import LogConfig
 from localcluster.topic_config import TopicConfig, resolve_broker_defaults
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-# Writes `IsrUpdate` to the store: (succeeded, zk_version now) with None when fenced.
-IsrWriter = Callable[[IsrUpdate], Awaitable[tuple[bool, int | None]]]
+# Carries out one step of an ISR write (replica_host.ISR_WRITE or ISR_READ_BACK) in the store:
+# (succeeded, zk_version now) with None when fenced; raises when the store does not answer.
+IsrWriter = Callable[[IsrUpdate, str], Awaitable[tuple[bool, int | None]]]
 
 
 class AppendNotifier:
@@ -67,12 +73,6 @@ class AppendNotifier:
             await asyncio.wait_for(self._event.wait(), timeout_s)
         except TimeoutError:
             pass
-
-
-def replica_config(config: BrokerConfig) -> ReplicaConfig:
-    return ReplicaConfig(config.replication_protocol, config.min_insync_replicas,
-                         config.replica_lag_time_max_ms, config.replica_fetch_wait_max_ms,
-                         message_max_bytes=config.message_max_bytes)  # fmt: skip
 
 
 class ReplicaManager(ReplicaHost):
@@ -97,14 +97,10 @@ class ReplicaManager(ReplicaHost):
     # -- startup and shutdown -----------------------------------------------------------------
 
     def log_config(self, config: TopicConfig | None = None) -> LogConfig:
-        """A log's settings from its topic's config (None: the broker's defaults). Time and
-        size retention apply only when cleanup.policy holds delete, as in Kafka."""
-        c = config or self.broker_topic_defaults
-        return LogConfig(segment_bytes=c.segment_bytes,
-                         segment_index_bytes=self.config.log_index_size_max_bytes,
-                         retention_bytes=c.retention_bytes if c.deletes else -1,
-                         retention_ms=c.retention_ms if c.deletes else -1,
-                         segment_ms=c.segment_ms, log_append_time=c.log_append_time)  # fmt: skip
+        """A log's settings from its topic's config (None: the broker's defaults)."""
+        return log_config(
+            config or self.broker_topic_defaults, self.config.log_index_size_max_bytes
+        )
 
     def publish_replicas(self) -> None:
         """Put every hosted replica's offsets on the metrics board (for `status`)."""
@@ -181,9 +177,6 @@ class ReplicaManager(ReplicaHost):
                 self.metrics.record_produce(info.valid_bytes, info.records_count, latency_us)
         return responses
 
-    def maybe_shrink_isr(self) -> None:
-        self.execute(self.core.maybe_shrink_isr(self.now_ms()))
-
     def write_isr(self, update: IsrUpdate) -> None:
         if self.isr_writer is None:
             return
@@ -192,54 +185,41 @@ class ReplicaManager(ReplicaHost):
         task.add_done_callback(self._isr_tasks.discard)
 
     async def _apply_isr_write(self, update: IsrUpdate) -> None:
-        try:
-            ok, version = await self.isr_writer(update)
-        except Exception as e:
-            log.warning("%s-%d: ISR %s may or may not be written (%s); checking again in %.1f s",
-                        update.topic, update.partition, list(update.isr), e,
-                        self.core.config.isr_write_retry_ms / 1000)  # fmt: skip
-            self.execute(self.core.on_isr_write_unknown(update, self.now_ms()))
+        step = ISR_WRITE
+        while step is not None:  # at most the write and one read-back (replica_host.py)
+            try:
+                ok, version = await self.isr_writer(update, step)
+            except Exception as e:
+                step = self.on_isr_write_unanswered(update, step, e)
+                continue
+            self.on_isr_write_answered(update, ok, version)
             return
-        self.execute(self.core.on_isr_write_result(update, ok, version))
 
     # -- fetch --------------------------------------------------------------------------------
 
     async def fetch(self, request: FetchRequest) -> list[tuple[str, list[FetchPartitionResponse]]]:
         """Read, and if fewer than min_bytes are there, wait for appends up to max_wait_ms."""
-        follower = request.replica_id >= 0
-        if follower:
-            positions = (((topic, p.partition), p.fetch_offset, p.current_leader_epoch,
-                          p.log_start_offset)
-                         for topic, partitions in request.topics for p in partitions)  # fmt: skip
-            self.execute(self.core.record_follower_fetch(request.replica_id, positions,
-                                                         self.now_ms()))  # fmt: skip
+        positions = [FetchPosition((topic, p.partition), p.fetch_offset, p.current_leader_epoch,
+                                   p.log_start_offset, p.partition_max_bytes)
+                     for topic, partitions in request.topics for p in partitions]  # fmt: skip
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
+        record = True
         while True:
-            responses, total, errors = self._read_all(request, follower)
-            remaining = deadline - loop.time()
-            if fetch_answerable(errors, total, request.min_bytes) or remaining <= 0:
-                return responses
+            read = self.read_fetch(request.replica_id, positions, request.max_bytes, record)
+            record, remaining = False, deadline - loop.time()
+            if read.answerable(request.min_bytes) or remaining <= 0:
+                return self._responses(request, read.partitions)
             await self.notifier.wait(remaining)
 
-    def _read_all(self, request: FetchRequest, follower: bool):
-        budget = request.max_bytes if request.max_bytes > 0 else 1 << 30
-        out, total, errors = [], 0, False
-        for topic, partitions in request.topics:
-            results = []
-            for p in partitions:
-                read = self.read_partition((topic, p.partition), p.fetch_offset,
-                                           min(p.partition_max_bytes, budget), follower,
-                                           p.current_leader_epoch, first=(total == 0))  # fmt: skip
-                errors |= read.error != ErrorCode.none
-                size = read.size
-                total += size
-                budget = max(budget - size, 0)
-                results.append(FetchPartitionResponse(p.partition, read.error, read.high_watermark,
-                                                      read.high_watermark, read.log_start_offset,
-                                                      records=list(read.records)))  # fmt: skip
-            out.append((topic, results))
-        return out, total, errors
+    @staticmethod
+    def _responses(request: FetchRequest, reads: list) -> list[tuple[str, list]]:
+        each = iter(reads)
+        return [(topic, [FetchPartitionResponse(p.partition, read.error, read.high_watermark,
+                                                read.high_watermark, read.log_start_offset,
+                                                records=list(read.records))
+                         for p, read in zip(partitions, each, strict=False)])
+                for topic, partitions in request.topics]  # fmt: skip
 
     # -- DeleteRecords --------------------------------------------------------------------------
 

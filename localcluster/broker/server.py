@@ -241,8 +241,8 @@ class BrokerServer:
         apis.add_handlers(ReassignmentApis(self.metadata).handlers())
         apis.on_replicas_changed = self.group_coordinator.on_replicas_changed
         self.replica_manager.metrics = MetricsBoard.open_writer(self.cluster_dir, c.broker_id)
-        self.replica_manager.isr_writer = lambda update: asyncio.to_thread(
-            self.metadata.update_isr, update
+        self.replica_manager.isr_writer = lambda update, step: asyncio.to_thread(
+            self.metadata.update_isr, update, step
         )
         self.replica_manager.fetchers = ReplicaFetcherManager(
             self.replica_manager, c.broker_id, c.replica_fetch_wait_max_ms, connector
@@ -269,12 +269,8 @@ class BrokerServer:
                 self.metadata, self.replica_manager,
                 self.controller and self.controller.enable_topic_unclean_leader_election,
                 self.controller and self.controller.update_broker_config)),
-            loop.create_task(self._every(c.replica_high_watermark_checkpoint_interval_ms,
-                                         self.replica_manager.checkpoint_high_watermarks)),
-            loop.create_task(self._every(c.log_flush_offset_checkpoint_interval_ms, self.replica_manager.checkpoint)),
-            loop.create_task(self._every(c.log_retention_check_interval_ms, self._retention)),
-            loop.create_task(self._every(self.replica_manager.core.config.isr_shrink_interval_ms,
-                                         self.replica_manager.maybe_shrink_isr)),
+            *(loop.create_task(self._every(interval_ms, job))
+              for interval_ms, job in self.replica_manager.periodic_jobs(c)),
             loop.create_task(self._every(METRICS_REPLICAS_INTERVAL_MS,
                                          self.replica_manager.publish_replicas)),
         ]  # fmt: skip
@@ -366,9 +362,6 @@ class BrokerServer:
                 action()
             except Exception:
                 log.exception("periodic %s failed; will retry", getattr(action, "__name__", action))
-
-    def _retention(self) -> None:
-        self.replica_manager.retention(int(time.time() * 1000))
 
     async def _shutdown(self) -> None:
         if self.controller is not None and self.config.controlled_shutdown_enable:

@@ -1,35 +1,38 @@
 """A simulated broker: the replica core (replication/replica_core.py) and the ReplicaHost around
-it (broker/replica_host.py: log actions, follower appends, a leader's append and reads, the
-logs a LeaderAndIsr opens, retention), the same the broker runtime drives, over the simulated
-network, real logs on disk and the simulator's clock. Beside it the GroupHost of
-broker/group_host.py, the runtime's too: the group coordinator shards of the offsets partitions
-this broker leads, loaded by replaying their logs, their commits appended with acks=all.
+it (broker/replica_host.py), the same the broker runtime drives, over the simulated network,
+real logs on disk and the simulator's clock. Beside it the GroupHost of broker/group_host.py,
+the runtime's too: the group coordinator shards of the offsets partitions this broker leads.
 
 Every replication rule is the core's, and every step between the core and the logs is the
-ReplicaHost's. What is left here is what the runtime's event loop and sockets do: requests and
-answers as messages, ISR writes to the simulated store (read back when the answer is lost, as
-broker/metadata.update_isr does), long-polling fetches parked, requests timed out, and the
-broker's timers run on ticks (HW checkpoint, flush, ISR shrink, retention, heartbeats), and
-for the groups: a load steps one chunk of the replay per tick, shard deadlines are polled.
-
-A `BrokerHost` is the network node: it outlives crashes. A crash drops the `SimBroker` (every
-in-memory object) without closing its logs (kill -9: what was written survives, as page cache
-does); a restart opens a new `SimBroker` that recovers its logs and reads its checkpoints.
+ReplicaHost's, including what both runtimes would otherwise each state: the cores' and logs'
+settings from a BrokerConfig (SimConfig builds one, scaled down), the periodic jobs, a Fetch's
+reads and whether to answer it, and the ISR write's sequence (write, read back once, unknown).
+What is left here is what the runtime's event loop and sockets do: requests and answers as
+messages, long-polling fetches parked until the core wakes them or their wait ends, requests
+timed out (an ISR write's step unanswered goes back to the ReplicaHost), the periodic jobs and
+the session's heartbeat run on ticks, and for the groups: a load steps one chunk of the replay
+per tick, shard deadlines are polled. The node that crashes, pauses and resumes a broker is
+tests/sim/node.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost
+from localcluster.broker.config import BrokerConfig
+from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost, group_config
 from localcluster.broker.log_manager import LogManager
-from localcluster.broker.replica_host import ReplicaHost
-from localcluster.group import GroupConfig
+from localcluster.broker.replica_host import (
+    ISR_WRITE,
+    FetchPosition,
+    ReplicaHost,
+    log_config,
+    replica_config,
+)
 from localcluster.replication import ready as r
-from localcluster.replication.replica_core import ReplicaConfig, fetch_answerable
 from localcluster.replication.state_changes import describe
-from localcluster.storage import LogConfig
+from localcluster.topic_config import resolve_broker_defaults
 from tests.sim import network as m
 
 TopicPartition = tuple[str, int]
@@ -39,6 +42,7 @@ TopicPartition = tuple[str, int]
 class SimConfig:
     """Broker settings, scaled down so that a run covers many timeouts in few steps."""
 
+    # BrokerConfig's settings (the runtime's names and mapping to the cores' and logs' configs)
     replication_protocol: str = "leader-epoch"
     min_insync_replicas: int = 2
     unclean_leader_election_enable: bool = False
@@ -47,35 +51,26 @@ class SimConfig:
     replica_high_watermark_checkpoint_interval_ms: int = 50
     log_flush_offset_checkpoint_interval_ms: int = 200
     zookeeper_session_timeout_ms: int = 200
-    heartbeat_interval_ms: int = 40
-    request_timeout_ms: int = 150  # an unanswered request is retried after this
-    fetch_backoff_ms: int = 50
-    fetch_max_bytes: int = 400  # small: catching up takes several fetches
-    tick_ms: int = 10
-    segment_bytes: int = 1024
-
-    retention_bytes: int = -1  # log.retention.bytes (time-based retention is off)
+    log_segment_bytes: int = 1024
+    log_retention_bytes: int = -1  # (time-based retention is off)
     log_retention_check_interval_ms: int = 100
-
-    # the group coordinator: a small __consumer_offsets, short timeouts
-    offsets_partitions: int = 3
     offsets_commit_timeout_ms: int = 500
     group_min_session_timeout_ms: int = 100
     group_initial_rebalance_delay_ms: int = 20
 
-    def log_config(self) -> LogConfig:
-        return LogConfig(segment_bytes=self.segment_bytes, segment_index_bytes=4096,
-                         retention_bytes=self.retention_bytes, retention_ms=-1,
-                         prefault_bytes=0)  # fmt: skip
+    # the simulator's own
+    heartbeat_interval_ms: int = 40
+    request_timeout_ms: int = 150  # an unanswered request is retried after this
+    fetch_max_bytes: int = 400  # per partition, small: catching up takes several fetches
+    tick_ms: int = 10
+    offsets_partitions: int = 3  # a small __consumer_offsets
 
-    def group_config(self) -> GroupConfig:
-        return GroupConfig(group_min_session_timeout_ms=self.group_min_session_timeout_ms,
-                           group_initial_rebalance_delay_ms=self.group_initial_rebalance_delay_ms)  # fmt: skip
-
-    def replica_config(self) -> ReplicaConfig:
-        return ReplicaConfig(self.replication_protocol, self.min_insync_replicas,
-                             self.replica_lag_time_max_ms, self.replica_fetch_wait_max_ms,
-                             self.fetch_backoff_ms)  # fmt: skip
+    def broker_config(self, broker_id: int) -> BrokerConfig:
+        own = {"heartbeat_interval_ms", "request_timeout_ms", "fetch_max_bytes", "tick_ms",
+               "offsets_partitions"}  # fmt: skip
+        given = {k: v for k, v in vars(self).items() if k not in own}
+        return BrokerConfig(broker_id=broker_id, log_retention_ms=-1, log_index_size_max_bytes=4096,
+                            offsets_topic_num_partitions=self.offsets_partitions, **given)  # fmt: skip
 
 
 def truncated(lg) -> None:
@@ -87,15 +82,16 @@ def truncated(lg) -> None:
 class ParkedFetch:
     src: object
     request: m.Fetch
+    positions: list[FetchPosition]
     deadline_ms: int
 
 
 @dataclass(slots=True)
 class Pending:
-    """A request in flight: to a leader (a fetch session's plan) or to the store (an ISR
-    write, or its read-back after the answer was lost)."""
+    """A request in flight: to a leader (a fetch session's plan) or to the store (a step of an
+    ISR write: replica_host.ISR_WRITE or ISR_READ_BACK)."""
 
-    kind: str  # "fetcher" | "isr" | "isr-read"
+    kind: str  # "fetcher" | ISR_WRITE | ISR_READ_BACK
     subject: object  # the request plan, or the IsrUpdate
     dst: object
     deadline_ms: int
@@ -110,9 +106,9 @@ class SimGroupHost(GroupHost):
     routes it back), deadlines are polled on ticks."""
 
     def __init__(self, broker: SimBroker, new_uuid):
-        config = broker.config
-        super().__init__(broker, config.group_config(), config.offsets_commit_timeout_ms,
-                         config.offsets_partitions)  # fmt: skip
+        config = broker.broker_config
+        super().__init__(broker, group_config(config), config.offsets_commit_timeout_ms,
+                         config.offsets_topic_num_partitions)  # fmt: skip
         self.broker = broker
         self.new_uuid = new_uuid
 
@@ -150,9 +146,14 @@ class SimBroker(ReplicaHost):
 
     def __init__(self, broker_id: int, config: SimConfig, directory: Path, clock, send, trace,
                  observer, corr_base: int = 0, new_uuid=None):  # fmt: skip
-        super().__init__(broker_id, config.replica_config(),
-                         LogManager(directory, directory, lambda _: config.log_config(),
-                                    clock.now_ms))  # fmt: skip
+        self.broker_config = broker = config.broker_config(broker_id)
+        defaults = resolve_broker_defaults(broker)
+        super().__init__(broker_id, replica_config(broker),
+                         LogManager(directory, directory,
+                                    lambda topic: replace(log_config(topic or defaults,
+                                                                     broker.log_index_size_max_bytes),
+                                                          prefault_bytes=0),
+                                    clock.now_ms, broker.producer_id_expiration_ms))  # fmt: skip
         self.config, self.clock, self.send, self.trace = config, clock, send, trace
         self.observer = observer
         self.logs = self.log_manager.logs  # what the invariant checker reads
@@ -163,24 +164,17 @@ class SimBroker(ReplicaHost):
         # process. Here they are unique across incarnations, and answers must come from where
         # the request went.
         self._corr = corr_base
-        self.timers = self._timers()
+        # [due ms, interval ms, job]: the runtime's periodic jobs, then the session's heartbeat
+        now = self.now_ms()
+        self.timers = [[now + interval, interval, job]
+                       for interval, job in self.periodic_jobs(broker)]  # fmt: skip
+        self.timers.append([now, config.heartbeat_interval_ms,
+                            lambda: self.send("zk", m.Heartbeat(self.session))])  # fmt: skip
         self.open_logs()
         self.groups = SimGroupHost(self, new_uuid)
 
     def now_ms(self) -> int:
         return self.clock.now_ms()
-
-    def _timers(self) -> list[list]:
-        """[due ms, interval ms, job]: the broker's periodic work, as server.py runs it."""
-        c, now = self.config, self.now_ms()
-        jobs = [(c.replica_high_watermark_checkpoint_interval_ms, self.checkpoint_high_watermarks),
-                (c.log_flush_offset_checkpoint_interval_ms, self.log_manager.checkpoint_recovery_points),
-                (self.core.config.isr_shrink_interval_ms,
-                 lambda: self.execute(self.core.maybe_shrink_isr(self.now_ms()))),
-                (c.log_retention_check_interval_ms, self.retention_now),
-                (c.heartbeat_interval_ms, lambda: self.send("zk", m.Heartbeat(self.session)))]  # fmt: skip
-        return [[now + (interval if i < 4 else 0), interval, job]
-                for i, (interval, job) in enumerate(jobs)]  # fmt: skip
 
     # -- the Ready's hooks ------------------------------------------------------------------------
 
@@ -193,8 +187,9 @@ class SimBroker(ReplicaHost):
             self.observer.on_leader(self.broker_id, change.tp, change.leader_epoch)
         self.trace(f"b{self.broker_id} {describe(change)[1]}")
 
-    def write_isr(self, update) -> None:
-        self._request("zk", "isr", update, lambda corr: m.IsrWrite(corr, update))
+    def write_isr(self, update, step: str = ISR_WRITE) -> None:
+        message = m.IsrWrite if step == ISR_WRITE else m.IsrReadBack
+        self._request("zk", step, update, lambda corr: message(corr, update))
 
     def answer_produce(self, key, error: int) -> None:
         if isinstance(key, CommitWait):
@@ -250,25 +245,27 @@ class SimBroker(ReplicaHost):
                 timer[2]()
                 timer[0] = now + timer[1]
 
-    def retention_now(self) -> None:
-        for tp in self.retention(self.now_ms()):
+    def retention(self, now_ms: int) -> list:
+        moved = super().retention(now_ms)
+        for tp in moved:
             self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: retention moved the log start "
                        f"to {self.logs[tp].log_start_offset}")  # fmt: skip
+        return moved
 
     def _timed_out(self, pending: Pending) -> None:
-        update = pending.subject
-        if pending.kind == "isr":
-            # metadata.update_isr: the write raised (its answer may be lost while it landed):
-            # read the state back.
-            self.trace(f"b{self.broker_id} isr write {list(update.isr)} for {update.topic}-"
-                       f"{update.partition} unanswered: reading the state back")  # fmt: skip
-            self._request("zk", "isr-read", update, lambda corr: m.IsrReadBack(corr, update))
-        elif pending.kind == "isr-read":
-            self.trace(f"b{self.broker_id} isr read-back for {update.topic}-{update.partition} "
-                       f"unanswered: outcome unknown, asking again")  # fmt: skip
-            self.execute(self.core.on_isr_write_unknown(update, self.now_ms()))
-        else:
+        if pending.kind == "fetcher":
             self.execute(self.core.on_fetch_request_failed(pending.subject, self.now_ms()))
+            return
+        update = pending.subject
+        step = self.on_isr_write_unanswered(update, pending.kind, "timed out")
+        tp = f"{update.topic}-{update.partition}"
+        if step is not None:
+            self.trace(f"b{self.broker_id} isr write {list(update.isr)} for {tp} unanswered: "
+                       f"reading the state back")  # fmt: skip
+            self.write_isr(update, step)
+        else:
+            self.trace(f"b{self.broker_id} isr read-back for {tp} unanswered: outcome unknown, "
+                       f"asking again")  # fmt: skip
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -283,7 +280,7 @@ class SimBroker(ReplicaHost):
         del self.pending[msg.corr]
         core, plan, now = self.core, pending.subject, self.now_ms()
         if isinstance(msg, m.IsrWriteResponse):
-            self.execute(core.on_isr_write_result(plan, msg.ok, msg.zk_version))
+            self.on_isr_write_answered(plan, msg.ok, msg.zk_version)
         elif isinstance(msg, m.FetchResponse):
             self.execute(core.on_fetch_response(plan, msg.partitions, now))
         elif isinstance(msg, m.OffsetForLeaderEpochResponse):
@@ -308,36 +305,35 @@ class SimBroker(ReplicaHost):
     # -- leader: fetches, epochs, offsets, produce ------------------------------------------------
 
     def handle_fetch(self, src, request: m.Fetch) -> None:
-        fetched = ((p.tp, p.fetch_offset, p.current_leader_epoch) for p in request.partitions)
-        self.execute(self.core.record_follower_fetch(request.replica_id, fetched, self.now_ms()))
-        response, answerable = self._read(request)
-        if answerable or request.max_wait_ms <= 0:
-            self.send(src, response)
+        positions = [FetchPosition(p.tp, p.fetch_offset, p.current_leader_epoch,
+                                   p.log_start_offset, self.config.fetch_max_bytes)
+                     for p in request.partitions]  # fmt: skip
+        read = self.read_fetch(request.replica_id, positions, 0, record=True)
+        if read.answerable(1) or request.max_wait_ms <= 0:
+            self._answer_fetch(src, request, read)
         else:
-            self.parked.append(ParkedFetch(src, request, self.now_ms() + request.max_wait_ms))
+            self.parked.append(ParkedFetch(src, request, positions,
+                                           self.now_ms() + request.max_wait_ms))  # fmt: skip
 
     def wake_parked(self, force_until: int | None = None) -> None:
-        """Answer parked fetches that now have data or an error (or whose wait is over)."""
+        """Read parked fetches again: answer those that now have data or an error (or whose
+        wait is over)."""
         keep = []
         for parked in self.parked:
-            response, answerable = self._read(parked.request)
-            if answerable or (force_until is not None and parked.deadline_ms <= force_until):
-                self.send(parked.src, response)
+            read = self.read_fetch(parked.request.replica_id, parked.positions, 0, record=False)
+            if read.answerable(1) or (
+                force_until is not None and parked.deadline_ms <= force_until
+            ):
+                self._answer_fetch(parked.src, parked.request, read)
             else:
                 keep.append(parked)
         self.parked = keep
 
-    def _read(self, request: m.Fetch) -> tuple[m.FetchResponse, bool]:
-        out = []
-        for p in request.partitions:
-            read = self.read_partition(p.tp, p.fetch_offset, self.config.fetch_max_bytes, True,
-                                       p.current_leader_epoch, first=True)  # fmt: skip
-            data = b"".join(s.tobytes() for s in read.records)
-            out.append(r.FetchedPartition(p.tp, read.error, read.high_watermark,
-                                          read.log_start_offset, data))  # fmt: skip
-        failed = any(f.error for f in out)
-        size = sum(len(f.records) for f in out)
-        return m.FetchResponse(request.corr, tuple(out)), fetch_answerable(failed, size, 1)
+    def _answer_fetch(self, src, request: m.Fetch, read) -> None:
+        out = tuple(r.FetchedPartition(p.tp, pr.error, pr.high_watermark, pr.log_start_offset,
+                                       b"".join(s.tobytes() for s in pr.records))
+                    for p, pr in zip(request.partitions, read.partitions, strict=True))  # fmt: skip
+        self.send(src, m.FetchResponse(request.corr, out))
 
     def handle_offset_for_leader_epoch(self, src, msg: m.OffsetForLeaderEpoch) -> None:
         error, epoch, end = self.core.end_offset_for_epoch(msg.tp, msg.current_leader_epoch,
@@ -371,87 +367,3 @@ class SimBroker(ReplicaHost):
 def _group_of(request) -> str:
     groups = getattr(request, "groups", None)  # OffsetFetch: the member sends one group
     return groups[0].group_id if groups else request.group_id
-
-
-@dataclass
-class BrokerHost:
-    """The network node of one broker id: its current incarnation, or none while crashed."""
-
-    broker_id: int
-    config: SimConfig
-    directory: Path
-    sim: object  # the Simulator: clock, scheduler, network, zk, trace, observer
-    incarnation: SimBroker | None = None
-    paused: bool = False
-    held: list = field(default_factory=list)  # messages that arrived while paused
-    generation: int = 0
-
-    @property
-    def alive(self) -> bool:
-        return self.incarnation is not None
-
-    def start(self) -> None:
-        assert self.incarnation is None
-        self.generation += 1
-        sim = self.sim
-        broker = SimBroker(self.broker_id, self.config, self.directory, sim.clock,
-                           lambda dst, msg: sim.network.send(self.broker_id, dst, msg),
-                           sim.trace, sim.observer, self.generation * 1_000_000_000,
-                           sim.new_uuid)  # fmt: skip
-        self.incarnation = broker
-        broker.session = sim.zk.register(self.broker_id)
-        self.paused = False
-        self.held.clear()
-        self._schedule_tick(broker)
-
-    def crash(self) -> None:
-        """kill -9: drop every in-memory object; the files stay as they are."""
-        self.incarnation = None
-        self.paused = False
-        self.held.clear()
-        self.sim.zk.drop_session(self.broker_id)  # the kernel drops the session's lock
-
-    def shutdown(self) -> None:
-        """A clean shutdown: checkpoints written, logs closed (no recovery on restart)."""
-        if self.incarnation is not None:
-            self.incarnation.close()
-        self.crash()
-
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-        held, self.held = self.held, []
-        for src, msg in held:
-            if self.incarnation is None:
-                break
-            self._handle(src, msg)
-
-    def _schedule_tick(self, broker: SimBroker) -> None:
-        self.sim.scheduler.after(self.config.tick_ms, self._tick, broker)
-
-    def _tick(self, broker: SimBroker) -> None:
-        if self.incarnation is not broker:
-            return  # an earlier incarnation's timer
-        if not self.paused:
-            broker.tick()
-        self._schedule_tick(broker)
-
-    def receive(self, src, msg) -> bool:
-        if self.incarnation is None:
-            return False
-        if self.paused:
-            self.held.append((src, msg))
-            return True
-        self._handle(src, msg)
-        return True
-
-    def _handle(self, src, msg) -> None:
-        broker = self.incarnation
-        if isinstance(msg, m.HeartbeatResponse):
-            if msg.session == broker.session and msg.expired:
-                broker.session = self.sim.zk.register(self.broker_id)  # re-register, as Kafka does
-                self.sim.trace(f"b{self.broker_id} session expired; re-registered")
-            return
-        broker.handle(src, msg)

@@ -42,9 +42,9 @@ from localcluster.group import partition_for
 from localcluster.metadata_types import LeaderAndIsr
 from localcluster.protocol.controller_requests import PartitionState
 from tests.sim import network as m
-from tests.sim.broker import BrokerHost, SimConfig
+from tests.sim.broker import SimConfig
 from tests.sim.clock import ManualClock, Scheduler
-from tests.sim.controller import SimController, SimZk
+from tests.sim.controller import SimController
 from tests.sim.group_member import GroupMember
 from tests.sim.invariants import (
     InvariantChecker,
@@ -54,7 +54,9 @@ from tests.sim.invariants import (
     describe,
     log_view,
 )
+from tests.sim.node import BrokerHost
 from tests.sim.producer import Client
+from tests.sim.store import SimZk
 
 TOPIC = "t"
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
@@ -848,7 +850,7 @@ def simulator_for_seed(seed: int, protocol: str = "leader-epoch", lossy_zk: bool
     brokers, partitions, rf, min_isr = rng.choice(SHAPES)
     retention_bytes = rng.choice([-1, 2048])  # with 1 KiB segments: about two kept
     config = SimConfig(min_insync_replicas=min_isr, unclean_leader_election_enable=unclean,
-                       retention_bytes=retention_bytes)  # fmt: skip
+                       log_retention_bytes=retention_bytes)  # fmt: skip
     sim = Simulator(seed, protocol, tuple(range(1, brokers + 1)), partitions, rf, config,
                     lossy_zk=lossy_zk, rng=rng, retries=True, idempotent=idempotent,
                     groups=groups)  # fmt: skip
