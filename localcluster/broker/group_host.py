@@ -115,6 +115,8 @@ class GroupHost:
             if shard is None and partition not in self.loads:
                 if self.num_partitions is not None:  # loading from now on, as Kafka marks it
                     self.begin_loading(partition, epoch)
+                self.replicas.note(logging.INFO, f"loading {OFFSETS_TOPIC}-{partition} "
+                                   f"(coordinator epoch {epoch})")  # fmt: skip
                 handle = self.start_load(partition, epoch)
                 if handle is not None:
                     self.loads[partition] = handle
@@ -160,13 +162,16 @@ class GroupHost:
         if self.shards.get(partition) is not shard:
             return
         self.execute(partition, shard.complete_loading(self.now_ms()))
-        # one line per partition that holds anything: 50 empty ones would drown the log
-        (log.info if batches else log.debug)(
-            "%s-%d: coordinator of %d group(s) in epoch %d (%d batches replayed in %d ms)",
-            OFFSETS_TOPIC, partition, len(shard.groups), epoch, batches,
-            self.now_ms() - started_ms)  # fmt: skip
+        # at INFO for a partition that holds anything: 50 empty ones would drown the log
+        self.replicas.note(logging.INFO if batches else logging.DEBUG,
+                           f"coordinator of {OFFSETS_TOPIC}-{partition}: {len(shard.groups)} "
+                           f"group(s) loaded",
+                           f"epoch {epoch}, {batches} batches replayed in "
+                           f"{self.now_ms() - started_ms} ms")  # fmt: skip
 
     def unload(self, partition: int) -> None:
+        if partition in self.shards:
+            self.replicas.note(logging.INFO, f"unloading {OFFSETS_TOPIC}-{partition}")
         handle = self.loads.pop(partition, None)
         if handle is not None:
             self.cancel_load(handle)

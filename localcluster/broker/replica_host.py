@@ -170,6 +170,10 @@ class ReplicaHost:
     def wake_at(self, at_ms: int) -> None:
         """Step `tick` no later than this."""
 
+    def note(self, level: int, line: str, reason: object = None) -> None:
+        """A line for the operator (the simulator's trace)."""
+        log.log(level, "%s (%s)" if reason else "%s", line, *([reason] if reason else []))
+
     # -- carrying out a Ready --------------------------------------------------------------------
 
     def execute(self, ready: r.Ready) -> None:
@@ -226,11 +230,11 @@ class ReplicaHost:
         unknown and the core asks again after isr_write_retry_ms (None: nothing to send)."""
         tp = f"{update.topic}-{update.partition}"
         if step == ISR_WRITE:
-            log.info("%s: ISR %s write unanswered (%s); reading the state back",
-                     tp, list(update.isr), reason)  # fmt: skip
+            self.note(logging.INFO, f"isr write {list(update.isr)} for {tp} unanswered: reading "
+                      f"the state back", reason)  # fmt: skip
             return ISR_READ_BACK
-        log.warning("%s: ISR %s may or may not be written (%s); checking again in %d ms",
-                    tp, list(update.isr), reason, self.core.config.isr_write_retry_ms)  # fmt: skip
+        self.note(logging.WARNING, f"isr read-back for {tp} unanswered: outcome unknown, asking "
+                  f"again", reason)  # fmt: skip
         self.execute(self.core.on_isr_write_unknown(update, self.now_ms()))
         return None
 
@@ -258,6 +262,8 @@ class ReplicaHost:
         moved = self.log_manager.delete_old_segments(now_ms, hws)
         for tp in moved:
             self.core.on_log_start_offset(tp)
+            self.note(logging.INFO, f"{tp[0]}-{tp[1]}: retention moved the log start to "
+                      f"{self.log_manager.logs[tp].log_start_offset}")  # fmt: skip
         self.log_manager.expire_producers()
         return moved
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localcluster.broker.config import BrokerConfig
-from localcluster.broker.group_host import OFFSETS_TOPIC, CommitWait, GroupHost, group_config
+from localcluster.broker.group_host import CommitWait, GroupHost, group_config
 from localcluster.broker.log_manager import LogManager
 from localcluster.broker.replica_host import (
     ISR_WRITE,
@@ -34,9 +34,6 @@ from localcluster.replication import ready as r
 from localcluster.replication.state_changes import describe
 from localcluster.topic_config import resolve_broker_defaults
 from tests.sim import network as m
-
-TopicPartition = tuple[str, int]
-
 
 @dataclass
 class SimConfig:
@@ -109,35 +106,22 @@ class SimGroupHost(GroupHost):
         config = broker.broker_config
         super().__init__(broker, group_config(config), config.offsets_commit_timeout_ms,
                          config.offsets_topic_num_partitions)  # fmt: skip
-        self.broker = broker
         self.new_uuid = new_uuid
 
     def start_load(self, partition: int, epoch: int):
-        self.broker.trace(f"b{self.broker.broker_id} loading {OFFSETS_TOPIC}-{partition} "
-                          f"(coordinator epoch {epoch})")  # fmt: skip
         return self.load(partition, epoch)
 
     def cancel_load(self, handle) -> None:
         handle.close()
 
-    def unload(self, partition: int) -> None:
-        if partition in self.shards:
-            self.broker.trace(f"b{self.broker.broker_id} unloading {OFFSETS_TOPIC}-{partition}")
-        super().unload(partition)
-
     def deliver(self, reply_to, response) -> None:
         src, corr = reply_to
-        self.broker.send(src, m.GroupResponse(corr, response))
+        self.replicas.send(src, m.GroupResponse(corr, response))
 
     def tick(self, now_ms: int) -> None:
         for partition, steps in sorted(self.loads.items()):
             if next(steps, _DONE) is _DONE:
                 del self.loads[partition]
-                shard = self.shards.get(partition)
-                if shard is not None:
-                    self.broker.trace(f"b{self.broker.broker_id} coordinator of "
-                                      f"{OFFSETS_TOPIC}-{partition}: {len(shard.groups)} group(s) "
-                                      f"loaded")  # fmt: skip
         self.tick_due(now_ms)
 
 
@@ -245,27 +229,14 @@ class SimBroker(ReplicaHost):
                 timer[2]()
                 timer[0] = now + timer[1]
 
-    def retention(self, now_ms: int) -> list:
-        moved = super().retention(now_ms)
-        for tp in moved:
-            self.trace(f"b{self.broker_id} {tp[0]}-{tp[1]}: retention moved the log start "
-                       f"to {self.logs[tp].log_start_offset}")  # fmt: skip
-        return moved
+    def note(self, level: int, line: str, reason: object = None) -> None:
+        self.trace(f"b{self.broker_id} {line}")
 
     def _timed_out(self, pending: Pending) -> None:
         if pending.kind == "fetcher":
             self.execute(self.core.on_fetch_request_failed(pending.subject, self.now_ms()))
-            return
-        update = pending.subject
-        step = self.on_isr_write_unanswered(update, pending.kind, "timed out")
-        tp = f"{update.topic}-{update.partition}"
-        if step is not None:
-            self.trace(f"b{self.broker_id} isr write {list(update.isr)} for {tp} unanswered: "
-                       f"reading the state back")  # fmt: skip
-            self.write_isr(update, step)
-        else:
-            self.trace(f"b{self.broker_id} isr read-back for {tp} unanswered: outcome unknown, "
-                       f"asking again")  # fmt: skip
+        elif step := self.on_isr_write_unanswered(pending.subject, pending.kind, "timed out"):
+            self.write_isr(pending.subject, step)
 
     # -- dispatch -------------------------------------------------------------------------------
 
