@@ -48,8 +48,8 @@ demo: $(VENV)/.installed-base
 # reading back what they wrote: no failover timed, no session timeout, no latency bound).
 # Work stealing keeps both workers busy past the simulator's 2-minute sweep (whole modules per
 # worker left one idle while the other ran the sweep; a module's shared cluster may now start
-# on both). The other integration tests time real processes and run alone after them. Both parts always run; either failing fails
-# the target. PYTEST_ARGS=... runs just those.
+# on both). The other integration tests time real processes and run alone after them. Both
+# parts always run; either failing fails the target. PYTEST_ARGS=... runs just those.
 UNTIMED_INTEGRATION := $(addprefix tests/integration/,test_log_corruption.py test_log_crash.py \
 	test_protocol_versions.py test_bad_input.py test_output_in_pipes.py test_kcat.py \
 	test_admin_records.py test_topic_configs.py test_dynamic_broker_configs.py \
