@@ -44,16 +44,23 @@ demo: $(VENV)/.installed-base
 
 # The simulator and the unit tests are CPU-bound and independent of each other: two workers
 # (pytest-xdist) share them over the two cores, the simulator's long sweeps first, with the
-# integration modules that time nothing (files, raw requests, output: no failover, no session
-# timeout, no latency bound). The other integration tests time real processes and run alone
-# after them. Both parts always run; either failing fails the target. PYTEST_ARGS=... runs
-# just those.
+# integration modules that time nothing (files, raw requests, admin calls, output, clients
+# reading back what they wrote: no failover timed, no session timeout, no latency bound).
+# Work stealing keeps both workers busy past the simulator's 2-minute sweep (whole modules per
+# worker left one idle while the other ran the sweep; a module's shared cluster may now start
+# on both). The other integration tests time real processes and run alone after them. Both
+# parts always run; either failing fails the target. PYTEST_ARGS=... runs just those.
 UNTIMED_INTEGRATION := $(addprefix tests/integration/,test_log_corruption.py test_log_crash.py \
-	test_protocol_versions.py test_bad_input.py test_output_in_pipes.py test_kcat.py)
+	test_protocol_versions.py test_bad_input.py test_output_in_pipes.py test_kcat.py \
+	test_admin_records.py test_topic_configs.py test_dynamic_broker_configs.py \
+	test_producer_ids.py test_stable_addresses.py test_broker_only_requests.py \
+	test_compaction.py test_compression_clients.py test_confluent_kafka.py test_client.py \
+	test_groups_cli.py test_kafka_python.py test_idempotent_clients.py \
+	test_coord_file_backend.py)
 test: $(VENV)/.installed-test system-deps
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
-	$(BIN)/python -m pytest -n 2 --durations=15 tests/sim tests/unit $(UNTIMED_INTEGRATION) || status=1; \
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=15 tests/sim tests/unit $(UNTIMED_INTEGRATION) || status=1; \
 	$(BIN)/python -m pytest --durations=25 tests/integration $(addprefix --ignore=,$(UNTIMED_INTEGRATION)) || status=1; \
 	exit $$status
 else

@@ -31,6 +31,7 @@ Kafka's rules (FetchSession.scala, FetchSessionHandler.java):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -132,7 +133,8 @@ class FetchContext:
 class FetchSessionCache:
     max_slots: int = 1000  # max.incremental.fetch.session.cache.slots
     eviction_ms: int = 120_000  # min.incremental.fetch.session.eviction.ms
-    new_session_id: Callable[[], int] = field(default=lambda: 1)  # the runtime passes random ids
+    # ids for new sessions: the runtime passes random ones (Kafka's), the default counts
+    new_session_id: Callable[[], int] = field(default_factory=lambda: itertools.count(1).__next__)
     sessions: dict[int, FetchSession] = field(default_factory=dict)  # least recently used first
 
     @property

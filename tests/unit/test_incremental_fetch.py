@@ -6,6 +6,8 @@ them, although incremental answers leave out what did not change."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,7 +155,8 @@ round_steps = st.lists(st.tuples(
 @settings(max_examples=150, deadline=None)
 @given(round_steps)
 def test_the_fetcher_always_knows_what_the_broker_has_although_answers_leave_things_out(rounds):
-    cache = FetchSessionCache(new_session_id=lambda: 11)
+    ids = itertools.count(11)
+    cache = FetchSessionCache(new_session_id=lambda: next(ids))
     handler = FetchSessionHandler()
     broker_hw = {("t", i): 0 for i in range(6)}
     fetcher_view: dict = {}
