@@ -35,6 +35,7 @@ from localcluster.replication.state_changes import describe
 from localcluster.topic_config import resolve_broker_defaults
 from tests.sim import network as m
 
+
 @dataclass
 class SimConfig:
     """Broker settings, scaled down so that a run covers many timeouts in few steps."""
