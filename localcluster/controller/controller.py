@@ -8,7 +8,7 @@ Rules:
   waits for in a worker thread (zk_operations.py; store calls block), feeding the result back.
 - Winning the seat bumps /controller_epoch and makes a new core for the term; the core fences
   every write with that epoch's version and stamps it on every request, and a fenced write
-  (ControllerMovedError) tells the core, which resigns.
+  (ZkOperations answers it ControllerMoved) tells the core, which resigns.
 - Nothing here decides anything about partitions, replicas or brokers: that is the core's.
 """
 
@@ -26,7 +26,7 @@ from localcluster.controller.channel import ControllerChannelManager
 from localcluster.controller.core import ControllerCore, ControllerSettings
 from localcluster.controller.zk_operations import ZkOperations
 from localcluster.coord import ChildrenWatch, DataWatch, paths
-from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
+from localcluster.coord.kafka_zk import KafkaZkClient
 from localcluster.protocol import controller_requests as cr
 from localcluster.protocol.api import ApiKey
 from localcluster.tasks import cancel_and_wait
@@ -165,8 +165,6 @@ class KafkaController:
                 return
             try:
                 result = await asyncio.to_thread(self._store.execute, ready.store)
-            except ControllerMovedError as e:
-                result = ev.ControllerMoved(str(e))
             except Exception as e:
                 await self._execute(core.abort(f"{type(ready.store).__name__} failed: {e}").actions)
                 raise

@@ -1,9 +1,9 @@
 """The controller core's store operations, done with KafkaZkClient. Runtime: these block.
 
 `execute(operation)` does one operation (actions.py) and returns its result event (events.py).
-A write that /controller_epoch's version check held back raises ControllerMovedError (the
-runtime answers the core with ControllerMoved); a conditional write whose version clashed, or a
-create that found the znode there, is reported as a conflict, not raised.
+A write that /controller_epoch's version check held back is answered ControllerMoved (the core
+resigns), in the broker runtime and the simulator alike; a conditional write whose version
+clashed, or a create that found the znode there, is reported as a conflict, not raised.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from localcluster.controller import events as ev
 from localcluster.controller.context import Leadership
 from localcluster.coord import paths
 from localcluster.coord.interface import NodeExistsError
-from localcluster.coord.kafka_zk import KafkaZkClient
+from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
 
 ELECTION_REQUEST_PATHS = {
     act.ElectionRequest.PREFERRED: paths.PREFERRED_REPLICA_ELECTION,
@@ -26,6 +26,12 @@ class ZkOperations:
         self.zk = zk
 
     def execute(self, operation: act.StoreOperation) -> ev.StoreResult:
+        try:
+            return self._execute(operation)
+        except ControllerMovedError as e:
+            return ev.ControllerMoved(str(e))
+
+    def _execute(self, operation: act.StoreOperation) -> ev.StoreResult:
         zk = self.zk
         match operation:
             case act.ReadBrokers():

@@ -16,7 +16,6 @@ from localcluster.controller import actions as act
 from localcluster.controller import events as ev
 from localcluster.controller.core import ControllerCore, ControllerSettings
 from localcluster.controller.zk_operations import ZkOperations
-from localcluster.coord.kafka_zk import ControllerMovedError
 from tests.sim import network as m
 from tests.sim.store import SimZk
 
@@ -98,11 +97,7 @@ class SimController:
             self._execute(ready.actions)
             if not self.active or ready.store is None:
                 break
-            try:
-                result = self._store.execute(ready.store)
-            except ControllerMovedError as e:
-                result = ev.ControllerMoved(str(e))
-            ready = self.core.step(result)
+            ready = self.core.step(self._store.execute(ready.store))
         self._pump_channels()
 
     def _execute(self, actions) -> None:
