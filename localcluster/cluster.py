@@ -33,6 +33,7 @@ from localcluster.waiting import wait_until
 
 DEFAULT_DIR = ".localcluster"
 SPEC_FILE = "cluster.json"
+STOPPING_FILE = "stopping"  # `down` is under way: nobody may start a broker of this cluster
 SUPERVISOR_PID = "supervisor.pid"
 SUPERVISOR_LOG = "supervisor.log"
 READY_TIMEOUT_S = 60.0
@@ -96,6 +97,11 @@ def resolve_dir(option: str | os.PathLike | None) -> Path:
 
 def spec_path(cluster_dir: Path) -> Path:
     return cluster_dir / SPEC_FILE
+
+
+def stopping(cluster_dir: Path) -> bool:
+    """Whether `down` is stopping this cluster (its marker file exists)."""
+    return (cluster_dir / STOPPING_FILE).exists()
 
 
 def load_spec(cluster_dir: Path) -> ClusterSpec:

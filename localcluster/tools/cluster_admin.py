@@ -379,6 +379,7 @@ def start_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int, timeout_s
     from localcluster.metrics.segment import create_segment
 
     create_segment(cluster_dir)  # gone if `down` ran; `down` removes it again
+    (cluster_dir / cluster.STOPPING_FILE).unlink(missing_ok=True)  # left by a `down` cut short
     process = cluster.spawn_broker(cluster_dir, spec, broker_id)
 
     def failed() -> str | None:
@@ -405,12 +406,22 @@ def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict
     """`down`: SIGTERM the supervisor and every broker, wait, SIGKILL who is left."""
     from localcluster.metrics.segment import unlink_segment
 
+    # The marker first: a chaos or perf run restarting a broker checks it (ClusterWatch) and
+    # gives up instead of starting one behind our back; one it started a moment before is
+    # caught by the second look below.
+    marker = cluster_dir / cluster.STOPPING_FILE
+    marker.touch()
     supervisor = cluster.supervisor_pid(cluster_dir)
     if supervisor is not None:
         cluster.send_signal(supervisor, signal.SIGTERM)
     live = cluster.live_brokers(cluster_dir, spec)
     stale = [str(p) for p in cluster.stale_pid_files(cluster_dir, spec)]
     result = cluster.stop_brokers(cluster_dir, live, timeout_s, cluster.current_controller(spec))
+    late = cluster.live_brokers(cluster_dir, spec)  # started while the others stopped
+    if late:
+        more = cluster.stop_brokers(cluster_dir, late, timeout_s, None)
+        for key in ("stopped", "killed"):
+            result[key] = sorted(set(result[key]) | set(more[key]))
     if supervisor is not None and cluster.wait_gone([supervisor], timeout_s):
         cluster.send_signal(supervisor, signal.SIGKILL)
         cluster.wait_gone([supervisor], 5.0)
@@ -421,6 +432,7 @@ def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict
     ):
         (cluster_dir / cluster.SUPERVISOR_PID).unlink(missing_ok=True)
     unlink_segment(cluster_dir)
+    marker.unlink(missing_ok=True)
     result.update(supervisor=supervisor, stale_pid_files=stale)
     return result
 

@@ -292,6 +292,9 @@ class ClusterWatch:
         if not cluster.spec_path(directory).exists():
             return (f"the cluster in {directory} is gone (its {cluster.SPEC_FILE} was removed, "
                     "e.g. by `localcluster down --purge`); stopping")  # fmt: skip
+        if cluster.stopping(directory):
+            return (f"the cluster in {directory} is gone (`localcluster down` is stopping it); "
+                    "stopping")  # fmt: skip
         if cluster.live_brokers(directory, self.spec):
             self.since_alive = time.monotonic()
         elif time.monotonic() - self.since_alive > CLUSTER_GONE_AFTER_S:
