@@ -175,7 +175,7 @@ def down(purge, timeout_s, cluster_dir, as_json):
             _report_down({"stopped": [], "killed": [], "purged": removed}, as_json)
             return
         raise
-    result = cluster_admin.stop_cluster(directory, spec, timeout_s)
+    result = cluster_admin.stop_cluster(directory, spec, timeout_s, purging=purge)
     if purge:
         chroot = cluster_admin.purge_coordination(spec)
         result["purged"] = cluster.purge(directory, spec) + ([chroot] if chroot else [])

@@ -402,8 +402,10 @@ def start_broker(cluster_dir: Path, spec: ClusterSpec, broker_id: int, timeout_s
     return {"id": broker_id, "pid": process.pid, "host": reg.host, "port": reg.port}
 
 
-def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict:
-    """`down`: SIGTERM the supervisor and every broker, wait, SIGKILL who is left."""
+def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float,
+                 purging: bool = False) -> dict:  # fmt: skip
+    """`down`: SIGTERM the supervisor and every broker, wait, SIGKILL who is left. When
+    `purging`, the stopping marker stays until the purge removes the directory with it."""
     from localcluster.metrics.segment import unlink_segment
 
     # The marker first: a chaos or perf run restarting a broker checks it (ClusterWatch) and
@@ -432,7 +434,8 @@ def stop_cluster(cluster_dir: Path, spec: ClusterSpec, timeout_s: float) -> dict
     ):
         (cluster_dir / cluster.SUPERVISOR_PID).unlink(missing_ok=True)
     unlink_segment(cluster_dir)
-    marker.unlink(missing_ok=True)
+    if not purging:
+        marker.unlink(missing_ok=True)
     result.update(supervisor=supervisor, stale_pid_files=stale)
     return result
 
