@@ -191,11 +191,15 @@ class KafkaZkClient:
             self.coord.create(path, encode_topic_config(config))
 
     def topic_config(self, topic: str) -> dict[str, str]:
+        return self._config_at(config_path(topic))
+
+    def _config_at(self, path: str) -> dict[str, str]:
+        """The overrides a /config/... znode holds ({} when it is missing)."""
         try:
-            data, _ = self.coord.get(config_path(topic))
+            data, _ = self.coord.get(path)
         except NoNodeError:
             return {}
-        return decode_topic_config(config_path(topic), data)
+        return decode_topic_config(path, data)
 
     def change_topic_config(self, topic: str, config: dict[str, str]) -> None:
         """Replace the topic's overrides and announce it, in one transaction, as Kafka's
@@ -205,11 +209,7 @@ class KafkaZkClient:
 
     def broker_config(self, entity: str) -> dict[str, str]:
         """/config/brokers/<id> or /config/brokers/<default>: a dynamic broker layer, or {}."""
-        try:
-            data, _ = self.coord.get(broker_config_path(entity))
-        except NoNodeError:
-            return {}
-        return decode_topic_config(broker_config_path(entity), data)
+        return self._config_at(broker_config_path(entity))
 
     def change_broker_config(self, entity: str, config: dict[str, str]) -> None:
         """Replace a dynamic broker layer and announce it (AdminZkClient.changeBrokerConfig:
