@@ -325,18 +325,23 @@ def _threads(pid: int) -> list[str]:
 
 
 def pause(spec: ClusterSpec, pid: int) -> bool:
-    """SIGSTOP a process of the cluster at a moment it holds no lock of the file store.
+    """SIGSTOP a process of the cluster at a moment it holds no lock of the file store."""
+    return pause_client(spec.coordination, pid)
 
-    A process stopped inside the store's lock stops every client of the store, the controller
-    and whoever means to send the SIGCONT included (docs/coordination.md); holding the lock
-    ourselves while the signal lands rules that out. False when the process is gone."""
+
+def pause_client(coordination: str, pid: int) -> bool:
+    """SIGSTOP a client of the store `coordination` at a moment it holds none of its locks.
+
+    A process stopped inside the file store's lock stops every client of the store, the
+    controller and whoever means to send the SIGCONT included (docs/coordination.md); holding
+    the lock ourselves while the signal lands rules that out. False when the process is gone."""
     from localcluster.coord import ZOOKEEPER_SCHEME
     from localcluster.coord.file_store import lock_held
 
-    if spec.coordination.startswith(ZOOKEEPER_SCHEME):
+    if coordination.startswith(ZOOKEEPER_SCHEME):
         return send_signal(pid, signal.SIGSTOP)
     try:
-        with lock_held(spec.coordination):
+        with lock_held(coordination):
             return stop_and_wait(pid)
     except TimeoutError as e:
         raise ClusterError(f"pid {pid} was not paused: {e}; a stopped process of the cluster holds "

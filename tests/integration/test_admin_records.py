@@ -18,7 +18,7 @@ from localcluster.protocol import fetch, messages
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
 from localcluster.storage import LOG_START_OFFSET_CHECKPOINT, read_partition_offsets
-from tests.brokers import BrokerSet
+from tests.brokers import BrokerSet, pause
 from tests.helpers import wait_until
 from tests.raw_connection import RawConnection
 
@@ -277,7 +277,7 @@ def test_kafka_python_reassigns_lists_refuses_and_cancels(cluster):
         assert admin.alter_partition_reassignments({tp: None}) == {
             tp: NoReassignmentInProgressError}  # fmt: skip
         # a stopped broker cannot catch up: the reassignment stays under way until cancelled
-        os.killpg(cluster.brokers[a].pid, signal.SIGSTOP)
+        pause(cluster.brokers[a])
         try:
             assert admin.alter_partition_reassignments({tp: [b, controller, a]}) == {tp: None}
             ongoing = admin.list_partition_reassignments()

@@ -33,6 +33,7 @@ from localcluster.protocol import controller_requests as cr
 from localcluster.protocol import fetch, messages
 from localcluster.protocol.api import ApiKey
 from localcluster.protocol.wire import Reader
+from tests.brokers import pause
 from tests.helpers import wait_until
 from tests.raw_connection import RawConnection
 
@@ -338,7 +339,7 @@ def test_a_forged_follower_fetch_does_not_move_the_high_watermark(start_cluster)
     assert leader == 1
     hw_before, _ = cluster.high_watermark(leader)
     assert hw_before == len(RECORDS)
-    os.kill(cluster.started[paused].pid, signal.SIGSTOP)
+    pause(cluster.started[paused])
     try:
         with Producer(cluster_dir=cluster.dir, acks=1) as producer:
             assert producer.send(TOPIC, b"uncommitted", partition=0).result(10) == (0, len(RECORDS))

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from localcluster import coord
 from localcluster.coord import paths
 from localcluster.coord.kafka_zk import KafkaZkClient
+from tests.brokers import pause
 from tests.helpers import wait_until
 
 
@@ -171,7 +172,7 @@ def test_unclean_election_off_leaves_the_partition_offline(cluster):
     c.create_topic("u", 1, 2)
     leader = c.state("u").leader
     follower = next(b for b in c.brokers if b != leader)
-    os.kill(c.brokers[follower].pid, signal.SIGSTOP)
+    pause(c.brokers[follower])
     try:
         wait_until(
             lambda: c.state("u").isr == (leader,), timeout_s=10, message="follower out of ISR"

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from localcluster import cluster
 from localcluster.coord import EventType, SessionExpiredError, connect
 from localcluster.coord.file_store import ZNODE_FILE, FileStore, encode_name
 from tests.helpers import wait_until
@@ -159,7 +160,7 @@ def test_hung_session_expires_after_the_session_timeout(tmp_path, processes):
         assert processes.read_line(hung) == "ready" and processes.read_line(live) == "ready"
         events = []
         observer.exists("/brokers-hung", watch=events.append)
-        os.kill(hung.pid, signal.SIGSTOP)
+        assert cluster.pause_client(store_dir, hung.pid)  # not inside the store's lock
         stopped_at = time.monotonic()
         wait_until(lambda: events, 10, message="the hung session's ephemeral to expire")
         waited_s = time.monotonic() - stopped_at

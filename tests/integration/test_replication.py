@@ -13,6 +13,7 @@ import signal
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from tests.brokers import pause
 from tests.helpers import wait_until
 from tests.replication import TestController, log_bytes_below, log_end_offset, record_values
 
@@ -76,7 +77,7 @@ def test_leader_and_two_followers_replicate_and_the_hw_waits_for_every_isr_membe
     reference = log_bytes_below(data_dir(c, 1), 500)
     assert all(log_bytes_below(data_dir(c, b), 500) == reference for b in (2, 3))
 
-    os.kill(c.brokers[3].pid, signal.SIGSTOP)  # still in the ISR (lag time 60 s), not fetching
+    pause(c.brokers[3])  # still in the ISR (lag time 60 s), not fetching
     try:
         assert produce(leader, [b"late"], acks="1") == [None]
         wait_until(lambda: log_end_offset(data_dir(c, 2)) == 501)
@@ -91,7 +92,7 @@ def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster
     c = cluster.start([1, 2, 3], replica_lag_time_max_ms=1000)
     c.create_topic(TOPIC, (1, 2, 3))
     c.elect(TOPIC, leader=1, leader_epoch=1, isr=[1, 2, 3], replicas=[1, 2, 3])
-    os.kill(c.brokers[3].pid, signal.SIGSTOP)
+    pause(c.brokers[3])
     try:
         wait_until(lambda: isr(c) == [1, 2], timeout_s=10, message="ISR shrinks to [1, 2]")
         assert produce(c.brokers[1].bootstrap, [b"x"] * 50) == [None] * 50  # commits without 3
@@ -111,7 +112,7 @@ def test_acks_all_honours_min_insync_replicas(cluster):
     c.elect(TOPIC, leader=1, leader_epoch=1, isr=[1, 2], replicas=[1, 2])
     leader = c.brokers[1].bootstrap
     assert produce(leader, [b"a"]) == [None]
-    os.kill(c.brokers[2].pid, signal.SIGSTOP)
+    pause(c.brokers[2])
     try:
         # Appended while 2 is still in the ISR, then 2 drops out: the HW passes the record
         # with one replica in sync, so the producer hears NOT_ENOUGH_REPLICAS_AFTER_APPEND.
@@ -166,7 +167,7 @@ def test_kip_101_scenario_1_stale_hw_truncation_loses_a_committed_record(cluster
     wait_until(lambda: _checkpointed_hw(c, follower) == 1, message="follower checkpointed HW 1")
     c.brokers[follower].kill()
     c.brokers_set.restart(c.brokers[follower])
-    os.kill(c.brokers[leader].pid, signal.SIGSTOP)  # the follower cannot refetch m2
+    pause(c.brokers[leader])  # the follower cannot refetch m2
     try:
         c.elect(
             TOPIC, leader=leader, leader_epoch=1, isr=[1, 2], replicas=[1, 2], send_to=[follower]
