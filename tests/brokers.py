@@ -4,17 +4,14 @@
 waits for its ready line; the `brokers` fixture kills every broker it started, by process
 group, whatever the test did. Logs go to a fresh directory the test owns.
 
-`paused(broker)` stops a broker (SIGSTOP) for the length of a `with` block. A bare SIGSTOP can
+`pause(broker)` stops a broker (SIGSTOP; the test sends SIGCONT). A bare SIGSTOP can
 land while the broker holds the file store's lock; then every client of the store, the test
 included, blocks until the SIGCONT that the blocked test never sends (a CI run hung for an
-hour this way). `paused` stops it the way `localcluster pause` does, holding the lock itself.
+hour this way). `pause` stops it as `localcluster kill -s SIGSTOP` does, holding the lock itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -23,7 +20,7 @@ from localcluster import cluster
 from localcluster.broker.process import BrokerProcess
 from localcluster.broker.server import default_coordination
 
-__all__ = ["BrokerProcess", "BrokerSet", "brokers", "pause", "paused"]
+__all__ = ["BrokerProcess", "BrokerSet", "brokers", "pause"]
 
 
 def pause(broker: BrokerProcess) -> None:
@@ -33,17 +30,6 @@ def pause(broker: BrokerProcess) -> None:
         f"zookeeper://{connect}" if connect else str(default_coordination(broker.cluster_dir))
     )
     assert cluster.pause_client(coordination, broker.pid), f"broker {broker.broker_id} is gone"
-
-
-@contextlib.contextmanager
-def paused(broker: BrokerProcess):
-    """The broker is stopped inside the block and resumed (SIGCONT) however it ends."""
-    pause(broker)
-    try:
-        yield broker
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(broker.pid, signal.SIGCONT)
 
 
 class BrokerSet:
