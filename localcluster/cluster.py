@@ -649,13 +649,12 @@ def remove_pid_files(cluster_dir: Path, spec: ClusterSpec) -> None:
 
 def purge(cluster_dir: Path, spec: ClusterSpec | None) -> list[str]:
     """Remove the cluster dir, the brokers' data dirs, the socket dir and the metrics board."""
-    from localcluster.broker.server import cluster_hash
+    from localcluster.broker.server import cluster_hash, short_socket_dir
     from localcluster.metrics.segment import unlink_segment
 
     removed = []
-    digest = cluster_hash(cluster_dir)
-    candidates = [Path("/dev/shm") / f"localcluster-{digest}",
-                  Path(tempfile.gettempdir()) / f"localcluster-{digest}"]  # fmt: skip
+    candidates = [Path("/dev/shm") / f"localcluster-{cluster_hash(cluster_dir)}",
+                  short_socket_dir(cluster_dir)]  # fmt: skip
     if spec is not None and spec.data_dir:
         candidates += [Path(spec.data_dir) / f"broker-{b}" for b in spec.brokers]
     candidates.append(cluster_dir)

@@ -12,13 +12,14 @@ hour this way). `pause` stops it as `localcluster kill -s SIGSTOP` does, holding
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from localcluster import cluster
 from localcluster.broker.process import BrokerProcess
-from localcluster.broker.server import default_coordination
+from localcluster.broker.server import default_coordination, short_socket_dir
 
 __all__ = ["BrokerProcess", "BrokerSet", "brokers", "pause"]
 
@@ -52,6 +53,8 @@ class BrokerSet:
     def cleanup(self) -> None:
         for broker in self.started:
             broker.kill()
+        # the sockets' dir under /tmp when the test's dir is too deep for AF_UNIX
+        shutil.rmtree(short_socket_dir(self.cluster_dir), ignore_errors=True)
 
 
 @pytest.fixture

@@ -93,12 +93,23 @@ def default_data_dir(cluster_dir: Path, broker_id: int) -> Path:
 
 
 def socket_path(cluster_dir: Path, broker_id: int) -> Path:
-    path = cluster_dir.resolve() / f"broker-{broker_id}.sock"
+    name = f"broker-{broker_id}.sock"
+    path = cluster_dir.resolve() / name
     if len(str(path)) <= UNIX_PATH_MAX:
         return path
-    short = Path(tempfile.gettempdir()) / f"localcluster-{cluster_hash(cluster_dir)}"
+    short = short_socket_dir(cluster_dir)
     short.mkdir(mode=0o700, exist_ok=True)
-    return short / f"broker-{broker_id}.sock"
+    return short / name
+
+
+def short_socket_dir(cluster_dir: Path) -> Path:
+    """Where the sockets go when the cluster dir makes too long a path for AF_UNIX: under
+    TMPDIR, or under /tmp when TMPDIR is itself that deep (a test's tmp dir under xdist was)."""
+    name = f"localcluster-{cluster_hash(cluster_dir)}"
+    base = Path(tempfile.gettempdir())
+    if len(str(base / name)) > UNIX_PATH_MAX - len("/broker-99999999999.sock"):
+        base = Path("/tmp")
+    return base / name
 
 
 def _pid_alive(pid: int) -> bool:
