@@ -4,6 +4,8 @@
 A write that /controller_epoch's version check held back is answered ControllerMoved (the core
 resigns), in the broker runtime and the simulator alike; a conditional write whose version
 clashed, or a create that found the znode there, is reported as a conflict, not raised.
+Many writes of one operation (partition states, ISR notification deletes) go to the store as
+one batch commit (CoordinationClient.commit_transactions), not one commit each.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from localcluster.controller import actions as act
 from localcluster.controller import events as ev
 from localcluster.controller.context import Leadership
 from localcluster.coord import paths
-from localcluster.coord.interface import NodeExistsError
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
 
 ELECTION_REQUEST_PATHS = {
@@ -51,10 +52,8 @@ class ZkOperations:
                 zk.delete_topic_znodes(topic)
                 return ev.StoreWritten()
             case act.ConsumeIsrChangeNotifications():
-                changed = set()
-                for name in zk.isr_change_notifications():
-                    changed.update(zk.consume_isr_change_notification(name))
-                return ev.IsrChangesRead(tuple(sorted(changed)))
+                changed = zk.consume_isr_change_notifications(zk.isr_change_notifications())
+                return ev.IsrChangesRead(tuple(sorted(set(changed))))
             case act.ReadTopicDeletions():
                 return ev.TopicDeletionsRead(tuple(zk.topics_to_delete()))
             case act.ReadReassignments():
@@ -86,20 +85,12 @@ class ZkOperations:
         return ev.TopicsRead(assignments, configs)
 
     def _write_states(self, operation: act.WritePartitionStates) -> ev.PartitionStatesWritten:
-        fence = operation.controller_epoch_zk_version
-        versions, conflicts = {}, []
-        for write in operation.writes:
-            if write.zk_version is None:
-                try:
-                    versions[write.tp] = self.zk.create_partition_state(
-                        write.tp, write.state, fence
-                    )
-                except NodeExistsError:
-                    conflicts.append(write.tp)
-                continue
-            version = self.zk.update_partition_state(write.tp, write.state, write.zk_version, fence)
-            if version is None:
-                conflicts.append(write.tp)
-            else:
-                versions[write.tp] = version
-        return ev.PartitionStatesWritten(versions, tuple(conflicts))
+        """All the writes in one batch commit (zk.write_partition_states): the store's commit
+        cost is paid once per operation, not once per partition."""
+        found = self.zk.write_partition_states(
+            [(write.tp, write.state, write.zk_version) for write in operation.writes],
+            operation.controller_epoch_zk_version,
+        )
+        versions = {tp: version for tp, version in found.items() if version is not None}
+        conflicts = tuple(write.tp for write in operation.writes if found[write.tp] is None)
+        return ev.PartitionStatesWritten(versions, conflicts)
