@@ -396,11 +396,35 @@ class KafkaZkClient:
         return True
 
     def delete_topic_znodes(self, topic: str) -> None:
-        for path in (paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)):
-            try:
-                self.coord.delete(path, recursive=True)
-            except NoNodeError:
-                pass
+        """Delete the topic's znodes (assignment and partition states, config, deletion
+        request) in one batch commit, children first, with the layout known, rather than a
+        recursive delete that lists and deletes node by node (a round trip each on ZooKeeper).
+        A top-level znode the batch could not delete (a child it did not know of appeared)
+        is then deleted recursively."""
+        partitions_path = paths.topic_partitions_path(topic)
+        try:
+            partitions = self.coord.get_children(partitions_path)
+        except NoNodeError:
+            partitions = []
+        doomed = []
+        for name in partitions:
+            partition = paths.join(partitions_path, name)
+            doomed += [paths.join(partition, "state"), partition]
+        tops = [paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)]
+        doomed += [partitions_path, *tops]
+        transactions = []
+        for path in doomed:
+            tx = self.coord.transaction()
+            tx.delete(path)
+            transactions.append(tx)
+        outcome = dict(zip(doomed, self.coord.commit_transactions(transactions), strict=True))
+        for path in tops:
+            (result,) = outcome[path]
+            if isinstance(result, Exception) and not isinstance(result, NoNodeError):
+                try:
+                    self.coord.delete(path, recursive=True)
+                except NoNodeError:
+                    pass
 
     # -- admin requests and notifications -----------------------------------------------------
 

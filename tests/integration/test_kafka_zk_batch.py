@@ -111,6 +111,22 @@ def test_isr_change_notifications_are_consumed_in_one_batch(zk):
     assert zk.consume_isr_change_notifications(names) == [], "consumed already: nothing twice"
 
 
+def test_topic_znodes_are_deleted_in_one_batch_even_with_an_unknown_child(zk):
+    fence = become_controller(zk, 0)
+    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(6)], fence)
+    assert zk.request_topic_deletion(TOPIC)
+    zk.coord.create(paths.topic_path(TOPIC) + "/stray", makepath=False)  # not Kafka's layout
+    zk.delete_topic_znodes(TOPIC)
+    for path in (
+        paths.topic_path(TOPIC),
+        "/config/topics/" + TOPIC,
+        paths.delete_topic_path(TOPIC),
+    ):
+        assert zk.coord.exists(path) is None, path
+    assert zk.topics() == [] and zk.topics_to_delete() == []
+    zk.delete_topic_znodes(TOPIC)  # gone already: nothing to do, no error
+
+
 def test_the_file_store_commits_a_batch_with_one_changelog_write_per_thousand(
     zk, coord_backend, monkeypatch
 ):
