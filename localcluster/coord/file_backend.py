@@ -7,7 +7,9 @@ nothing else, so slow callbacks or a busy store can never starve it) and the cal
 (runs watch callbacks one at a time, in changelog order, never under the store lock).
 Rules: reads take the shared store lock, mutations the exclusive one; a read that sets a watch
 also holds the dispatcher mutex, so no changelog line can be matched between the read and the
-registration (see file_watch.py). Every call first checks the session is still alive.
+registration (see file_watch.py). Every call first checks the session is still alive. A
+batch commit (commit_transactions) stacks its transactions in one file_operations.Batch under
+one exclusive lock hold, so it costs one journal record and one changelog write.
 """
 
 from __future__ import annotations
