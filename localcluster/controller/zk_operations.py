@@ -4,8 +4,9 @@
 A write that /controller_epoch's version check held back is answered ControllerMoved (the core
 resigns), in the broker runtime and the simulator alike; a conditional write whose version
 clashed, or a create that found the znode there, is reported as a conflict, not raised.
-Many writes of one operation (partition states, ISR notification deletes) go to the store as
-one batch commit (CoordinationClient.commit_transactions), not one commit each.
+Many writes of one operation (partition states, ISR notification deletes, a topic's znodes) go
+to the store as one batch commit (CoordinationClient.commit_transactions), and many partition
+states are read with one get_many, not one call each.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ class ZkOperations:
             case act.ReadTopics(topics=topics):
                 return self._read_topics(topics)
             case act.ReadPartitionStates(partitions=partitions):
-                return ev.PartitionStatesRead({tp: self._state(tp) for tp in partitions})
+                found = zk.partition_states(partitions)
+                return ev.PartitionStatesRead(
+                    {tp: None if f is None else Leadership(*f) for tp, f in found.items()}
+                )
             case act.WritePartitionStates():
                 return self._write_states(operation)
             case act.WriteAssignment(topic=topic, assignment=assignment):
@@ -70,10 +74,6 @@ class ZkOperations:
                 zk.delete_election_request(ELECTION_REQUEST_PATHS[kind])
                 return ev.StoreWritten()
         raise AssertionError(f"controller: no store operation {operation!r}")
-
-    def _state(self, tp) -> Leadership | None:
-        found = self.zk.partition_state(*tp)
-        return None if found is None else Leadership(*found)
 
     def _read_topics(self, topics) -> ev.TopicsRead:
         assignments, configs = {}, {}

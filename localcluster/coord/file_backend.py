@@ -47,7 +47,8 @@ LIVENESS_CHECK_MS = 100  # how often every client probes the other sessions' loc
 POLL_INTERVAL_MS = 5  # changelog polling period when inotify is unavailable
 CALLBACK_QUEUE_MAX = 10_000
 # Transactions of a batch commit under one hold of the exclusive lock: bounds how long readers
-# wait (~0.1 s for 1,000 partition-state writes) and the size of the journal record.
+# wait (~0.15 s for 1,000 partition-state updates) and the size of the journal record; also
+# the znodes get_many reads under one hold of the shared lock.
 FILE_BATCH_TRANSACTIONS_MAX = 1000
 
 
@@ -151,6 +152,19 @@ class FileClient(CoordinationClient):
         if node is None:
             raise NoNodeError(f"no znode at {path}")
         return list(node.children)
+
+    def get_many(self, paths_to_read) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Under one shared lock hold per FILE_BATCH_TRANSACTIONS_MAX paths."""
+        for path in paths_to_read:
+            paths.validate_path(path)
+        self._ensure_alive()
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for start in range(0, len(paths_to_read), FILE_BATCH_TRANSACTIONS_MAX):
+            with self.store.shared():
+                nodes = [self.store.read_znode(path)
+                         for path in paths_to_read[start : start + FILE_BATCH_TRANSACTIONS_MAX]]  # fmt: skip
+            found += [None if node is None else (node.data, node.stat()) for node in nodes]
+        return found
 
     def _read(self, path, table, watch, watch_absent=False):
         paths.validate_path(path)

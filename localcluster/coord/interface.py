@@ -4,7 +4,8 @@ What lives here: the abstract `CoordinationClient`, `ZnodeStat` (same fields and
 kazoo's, so a kazoo stat converts with `ZnodeStat(*stat)`), the watch event types, the error
 hierarchy, the transaction builder and the batch commit of many independent transactions
 (`commit_transactions`: one lock and one watcher wake-up on the file backend, one pipelined
-burst of requests on ZooKeeper, where a loop of commits pays a commit or a round trip each). Rules: backends raise only the errors defined here
+burst of requests on ZooKeeper, where a loop of commits pays a commit or a round trip each) and
+its reading counterpart `get_many`. Rules: backends raise only the errors defined here
 (never kazoo's or OSError for a ZooKeeper-level condition); values are `bytes`; paths are
 validated by `paths.validate_path` before they reach a backend; watch callbacks run on one
 client thread, in the order the changes happened, and are one-shot like ZooKeeper's.
@@ -196,6 +197,18 @@ class CoordinationClient(abc.ABC):
 
     @abc.abstractmethod
     def transaction(self) -> TransactionRequest: ...
+
+    def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Read many znodes at once (no watches): each one's (data, stat), or None where
+        there is no znode. Backends override this to read them together (one lock hold on
+        the file backend, pipelined on ZooKeeper); the default gets one after another."""
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for path in paths:
+            try:
+                found.append(self.get(path))
+            except NoNodeError:
+                found.append(None)
+        return found
 
     def commit_transactions(self, transactions: Sequence[TransactionRequest]) -> list[list]:
         """Commit many INDEPENDENT transactions at once; one result list per transaction.

@@ -275,6 +275,17 @@ class KafkaZkClient:
             return None
         return decode_leader_and_isr(path, data), stat.version
 
+    def partition_states(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, tuple[LeaderAndIsr, int] | None]:
+        """partition_state of many partitions, read at once (coord.get_many)."""
+        state_paths = [paths.partition_state_path(*tp) for tp in partitions]
+        found = self.coord.get_many(state_paths)
+        return {
+            tp: None if read is None else (decode_leader_and_isr(path, read[0]), read[1].version)
+            for tp, path, read in zip(partitions, state_paths, found, strict=True)
+        }
+
     # -- writes fenced by the controller epoch -------------------------------------------------
 
     def _fenced(self, controller_epoch_version: int):

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 # Kafka's zookeeper.session.timeout.ms before 2.5; ZooKeeper clamps it to [2, 20] x tickTime.
 DEFAULT_SESSION_TIMEOUT_MS = 6000
-# Multis of a batch commit in flight at once: bounds kazoo's queue and the server's backlog
+# Multis of a batch commit (or gets of a get_many) in flight at once: bounds kazoo's queue and the server's backlog
 # (ZooKeeper's globalOutstandingLimit is 1,000).
 KAZOO_PIPELINE_MAX = 1000
 
@@ -161,6 +161,28 @@ class KazooCoordinationClient(CoordinationClient):
         paths.validate_path(path)
         with _translated(path):
             return self._kazoo.get_children(path, watch=self._wrap(watch))
+
+    def get_many(self, paths_to_read) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Pipelined like commit_transactions: every get sent before the first answer."""
+        for path in paths_to_read:
+            paths.validate_path(path)
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for start in range(0, len(paths_to_read), KAZOO_PIPELINE_MAX):
+            chunk = paths_to_read[start : start + KAZOO_PIPELINE_MAX]
+            with _translated():
+                pending = [self._kazoo.get_async(path) for path in chunk]
+            failure = None
+            for path, async_result in zip(chunk, pending, strict=True):
+                try:
+                    data, stat = async_result.get()
+                    found.append((data, ZnodeStat(*stat)))
+                except kazoo_errors.NoNodeError:
+                    found.append(None)
+                except (kazoo_errors.KazooException, KazooTimeoutError) as error:
+                    failure = failure or translate(error, path)
+            if failure is not None:
+                raise failure
+        return found
 
     def ensure_path(self, path) -> bool:
         paths.validate_path(path)

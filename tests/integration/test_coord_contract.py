@@ -381,6 +381,19 @@ def test_batch_commit_fires_each_watch_once_per_changed_znode(coord_backend):
     assert child_watch.kinds() == [(EventType.CHILD, parent)]
 
 
+def test_get_many_reads_like_one_get_each(coord_backend):
+    client = coord_backend.connect()
+    present = [client.create(coord_backend.path(f"read-{i}"), f"v{i}".encode()) for i in range(3)]
+    client.set(present[1], b"changed")
+    wanted = [present[2], coord_backend.path("absent"), present[0], present[1]]
+    found = client.get_many(wanted)
+    assert found == [client.get(present[2]), None, client.get(present[0]), client.get(present[1])]
+    assert found[3][0] == b"changed" and found[3][1].version == 1
+    assert client.get_many([]) == []
+    with pytest.raises(BadPathError):
+        client.get_many([present[0], "no-slash"])
+
+
 def test_cas_race_counts_every_increment(coord_backend, processes):
     client = coord_backend.connect()
     counter = client.create(coord_backend.path("counter"), b"0")

@@ -52,9 +52,12 @@ def test_creates_make_parents_and_a_clash_holds_back_only_its_own_partition(zk):
     writes = [((TOPIC, p), leader(p % 3), None) for p in range(6)]  # partition 0 exists
     versions = zk.write_partition_states(writes, fence)
     assert versions == {(TOPIC, 0): None, **{(TOPIC, p): 0 for p in range(1, 6)}}
+    found = zk.partition_states([(TOPIC, p) for p in range(6)] + [(TOPIC, 99)])
+    assert found[(TOPIC, 99)] is None
     for p in range(6):
-        state, version = zk.partition_state(TOPIC, p)
+        state, version = found[(TOPIC, p)]
         assert (state.leader, version) == (p % 3 if p else 0, 0)
+        assert zk.partition_state(TOPIC, p) == found[(TOPIC, p)]
     children = zk.coord.get_children(paths.topic_partitions_path(TOPIC))
     assert sorted(children, key=int) == [str(p) for p in range(6)]
 

@@ -90,6 +90,9 @@ class SimZk:
     def partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
         return self.states.get((topic, partition))
 
+    def partition_states(self, partitions) -> dict:
+        return {tp: self.states.get(tp) for tp in partitions}
+
     def _fence(self, controller_epoch: int) -> None:
         if controller_epoch != self.controller_epoch:
             raise ControllerMovedError(
