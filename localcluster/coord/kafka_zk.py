@@ -443,16 +443,15 @@ class KafkaZkClient:
         return sorted(self.coord.get_children(paths.ISR_CHANGE_NOTIFICATION, watch))
 
     def consume_isr_change_notifications(self, names: Sequence[str]) -> list[TopicPartition]:
-        """Read the named notifications, then delete them all in one batch commit (one wake-up
+        """Read the named notifications at once, then delete them in one batch commit (one wake-up
         of the watchers of /isr_change_notification, not one per notification). The
         partitions they name; a notification already gone names none."""
-        read = {}
-        for name in names:
-            path = f"{paths.ISR_CHANGE_NOTIFICATION}/{name}"
-            try:
-                read[path], _ = self.coord.get(path)
-            except NoNodeError:
-                continue
+        wanted = [f"{paths.ISR_CHANGE_NOTIFICATION}/{name}" for name in names]
+        read = {
+            path: found[0]
+            for path, found in zip(wanted, self.coord.get_many(wanted), strict=True)
+            if found is not None
+        }
         deletes = []
         for path in read:
             tx = self.coord.transaction()
