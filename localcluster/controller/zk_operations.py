@@ -4,6 +4,9 @@
 A write that /controller_epoch's version check held back is answered ControllerMoved (the core
 resigns), in the broker runtime and the simulator alike; a conditional write whose version
 clashed, or a create that found the znode there, is reported as a conflict, not raised.
+Many writes of one operation (partition states, ISR notification deletes, a topic's znodes) go
+to the store as one batch commit (CoordinationClient.commit_transactions), and many partition
+states are read with one get_many, not one call each.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from localcluster.controller import actions as act
 from localcluster.controller import events as ev
 from localcluster.controller.context import Leadership
 from localcluster.coord import paths
-from localcluster.coord.interface import NodeExistsError
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
 
 ELECTION_REQUEST_PATHS = {
@@ -41,7 +43,10 @@ class ZkOperations:
             case act.ReadTopics(topics=topics):
                 return self._read_topics(topics)
             case act.ReadPartitionStates(partitions=partitions):
-                return ev.PartitionStatesRead({tp: self._state(tp) for tp in partitions})
+                found = zk.partition_states(partitions)
+                return ev.PartitionStatesRead(
+                    {tp: None if f is None else Leadership(*f) for tp, f in found.items()}
+                )
             case act.WritePartitionStates():
                 return self._write_states(operation)
             case act.WriteAssignment(topic=topic, assignment=assignment):
@@ -51,10 +56,8 @@ class ZkOperations:
                 zk.delete_topic_znodes(topic)
                 return ev.StoreWritten()
             case act.ConsumeIsrChangeNotifications():
-                changed = set()
-                for name in zk.isr_change_notifications():
-                    changed.update(zk.consume_isr_change_notification(name))
-                return ev.IsrChangesRead(tuple(sorted(changed)))
+                changed = zk.consume_isr_change_notifications(zk.isr_change_notifications())
+                return ev.IsrChangesRead(tuple(sorted(set(changed))))
             case act.ReadTopicDeletions():
                 return ev.TopicDeletionsRead(tuple(zk.topics_to_delete()))
             case act.ReadReassignments():
@@ -72,10 +75,6 @@ class ZkOperations:
                 return ev.StoreWritten()
         raise AssertionError(f"controller: no store operation {operation!r}")
 
-    def _state(self, tp) -> Leadership | None:
-        found = self.zk.partition_state(*tp)
-        return None if found is None else Leadership(*found)
-
     def _read_topics(self, topics) -> ev.TopicsRead:
         assignments, configs = {}, {}
         for topic in topics:
@@ -86,20 +85,12 @@ class ZkOperations:
         return ev.TopicsRead(assignments, configs)
 
     def _write_states(self, operation: act.WritePartitionStates) -> ev.PartitionStatesWritten:
-        fence = operation.controller_epoch_zk_version
-        versions, conflicts = {}, []
-        for write in operation.writes:
-            if write.zk_version is None:
-                try:
-                    versions[write.tp] = self.zk.create_partition_state(
-                        write.tp, write.state, fence
-                    )
-                except NodeExistsError:
-                    conflicts.append(write.tp)
-                continue
-            version = self.zk.update_partition_state(write.tp, write.state, write.zk_version, fence)
-            if version is None:
-                conflicts.append(write.tp)
-            else:
-                versions[write.tp] = version
-        return ev.PartitionStatesWritten(versions, tuple(conflicts))
+        """All the writes in one batch commit (zk.write_partition_states): the store's commit
+        cost is paid once per operation, not once per partition."""
+        found = self.zk.write_partition_states(
+            [(write.tp, write.state, write.zk_version) for write in operation.writes],
+            operation.controller_epoch_zk_version,
+        )
+        versions = {tp: version for tp, version in found.items() if version is not None}
+        conflicts = tuple(write.tp for write in operation.writes if found[write.tp] is None)
+        return ev.PartitionStatesWritten(versions, conflicts)

@@ -7,7 +7,9 @@ nothing else, so slow callbacks or a busy store can never starve it) and the cal
 (runs watch callbacks one at a time, in changelog order, never under the store lock).
 Rules: reads take the shared store lock, mutations the exclusive one; a read that sets a watch
 also holds the dispatcher mutex, so no changelog line can be matched between the read and the
-registration (see file_watch.py). Every call first checks the session is still alive.
+registration (see file_watch.py). Every call first checks the session is still alive. A
+batch commit (commit_transactions) stacks its transactions in one file_operations.Batch under
+one exclusive lock hold, so it costs one journal record and one changelog write.
 """
 
 from __future__ import annotations
@@ -44,11 +46,29 @@ DEFAULT_SESSION_TIMEOUT_MS = 3000
 LIVENESS_CHECK_MS = 100  # how often every client probes the other sessions' locks
 POLL_INTERVAL_MS = 5  # changelog polling period when inotify is unavailable
 CALLBACK_QUEUE_MAX = 10_000
+# Transactions of a batch commit under one hold of the exclusive lock: bounds how long readers
+# wait (~0.15 s for 1,000 partition-state updates) and the size of the journal record; also
+# the znodes get_many reads under one hold of the shared lock.
+FILE_BATCH_TRANSACTIONS_MAX = 1000
 
 
 def _check_value(value: bytes) -> None:
     if not isinstance(value, bytes):
         raise TypeError(f"znode values are bytes, got {type(value).__name__}; encode it first")
+
+
+def _validate_operations(requested: list[tuple]) -> None:
+    for operation in requested:
+        paths.validate_path(operation[1], sequential=operation[0] == "create" and operation[4])
+        if operation[0] in ("create", "set_data"):
+            _check_value(operation[2])
+
+
+def _failed_results(operation_count: int, applied: int, error: CoordinationError) -> list:
+    """A failed transaction's results, as ZooKeeper reports them (nothing was committed)."""
+    rolled_back = [RolledBackError() for _ in range(applied)]
+    never_tried = [RuntimeInconsistencyError() for _ in range(operation_count - applied - 1)]
+    return rolled_back + [error] + never_tried
 
 
 class FileClient(CoordinationClient):
@@ -133,6 +153,19 @@ class FileClient(CoordinationClient):
             raise NoNodeError(f"no znode at {path}")
         return list(node.children)
 
+    def get_many(self, paths_to_read) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Under one shared lock hold per FILE_BATCH_TRANSACTIONS_MAX paths."""
+        for path in paths_to_read:
+            paths.validate_path(path)
+        self._ensure_alive()
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for start in range(0, len(paths_to_read), FILE_BATCH_TRANSACTIONS_MAX):
+            with self.store.shared():
+                nodes = [self.store.read_znode(path)
+                         for path in paths_to_read[start : start + FILE_BATCH_TRANSACTIONS_MAX]]  # fmt: skip
+            found += [None if node is None else (node.data, node.stat()) for node in nodes]
+        return found
+
     def _read(self, path, table, watch, watch_absent=False):
         paths.validate_path(path)
         self._ensure_alive()
@@ -190,51 +223,70 @@ class FileClient(CoordinationClient):
         return TransactionRequest(self._commit_transaction)
 
     def _commit_transaction(self, requested: list[tuple]) -> list:
-        for operation in requested:
-            paths.validate_path(operation[1], sequential=operation[0] == "create" and operation[4])
-            if operation[0] in ("create", "set_data"):
-                _check_value(operation[2])
-        results: list = []
+        _validate_operations(requested)
+        return self._commit_batch([requested])[0]
 
-        def apply(mutation):
-            for kind, path, *arguments in requested:
-                if kind == "create":
-                    value, ephemeral, sequence = arguments
-                    results.append(
-                        operations.create(
-                            mutation, path, value, self.session_id, ephemeral, sequence
-                        )
-                    )
-                elif kind == "set_data":
-                    results.append(operations.set_data(mutation, path, *arguments).stat())
-                elif kind == "delete":
-                    operations.delete(mutation, path, *arguments)
-                    results.append(True)
-                else:
-                    operations.check(mutation, path, *arguments)
-                    results.append(True)
-            return results
+    def commit_transactions(self, transactions) -> list[list]:
+        """All under one exclusive lock hold and one journal record, with one changelog write
+        (so every watching client wakes once), per FILE_BATCH_TRANSACTIONS_MAX of them."""
+        requested = [transaction.take_operations() for transaction in transactions]
+        for operations_of_one in requested:  # before any commits: a bad path is a bug
+            _validate_operations(operations_of_one)
+        results: list[list] = []
+        for start in range(0, len(requested), FILE_BATCH_TRANSACTIONS_MAX):
+            results += self._commit_batch(requested[start : start + FILE_BATCH_TRANSACTIONS_MAX])
+        return results
 
-        try:
-            return self._mutate(apply)
-        except SessionExpiredError:
-            raise
-        except CoordinationError as error:  # nothing was committed: report like ZooKeeper
-            failed = len(results)
-            rolled_back = [RolledBackError() for _ in range(failed)]
-            never_tried = [RuntimeInconsistencyError() for _ in range(len(requested) - failed - 1)]
-            return rolled_back + [error] + never_tried
+    def _commit_batch(self, batch: list[list[tuple]]) -> list[list]:
+        self._ensure_alive()
+        with self.store.exclusive():
+            self._ensure_session_file()
+            staged = operations.Batch(self.store)
+            answers = []
+            for requested in batch:
+                mutation, results = staged.mutation(), []
+                try:
+                    self._apply_operations(mutation, requested, results)
+                except SessionExpiredError:
+                    raise
+                except CoordinationError as error:  # this one alone is dropped
+                    answers.append(_failed_results(len(requested), len(results), error))
+                    continue
+                staged.absorb(mutation)
+                answers.append(results)
+            staged.commit()
+        return answers
+
+    def _apply_operations(self, mutation, requested: list[tuple], results: list) -> None:
+        for kind, path, *arguments in requested:
+            if kind == "create":
+                value, ephemeral, sequence = arguments
+                results.append(
+                    operations.create(mutation, path, value, self.session_id, ephemeral, sequence)
+                )
+            elif kind == "set_data":
+                results.append(operations.set_data(mutation, path, *arguments).stat())
+            elif kind == "delete":
+                operations.delete(mutation, path, *arguments)
+                results.append(True)
+            else:
+                operations.check(mutation, path, *arguments)
+                results.append(True)
 
     def _mutate(self, apply):
         self._ensure_alive()
         with self.store.exclusive():
-            if not operations.session_alive(self.store, self.session_id):
-                self._session.expired = True
-                self._ensure_alive()
+            self._ensure_session_file()
             mutation = operations.Mutation(self.store)
             result = apply(mutation)
             mutation.commit()
         return result
+
+    def _ensure_session_file(self) -> None:
+        """Under the exclusive lock: a reaper may have removed our session meanwhile."""
+        if not operations.session_alive(self.store, self.session_id):
+            self._session.expired = True
+            self._ensure_alive()
 
     def _ensure_alive(self) -> None:
         if self._session is None or self._stopping.is_set():

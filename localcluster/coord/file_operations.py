@@ -5,12 +5,16 @@ writes, so a transaction's later operations see its earlier ones, as in ZooKeepe
 and the operations create / set_data / delete / check / reap_session, which validate exactly
 as ZooKeeper does and record the stat changes (one zxid per mutation; parent cversion and
 pzxid bumped on every child create and delete; the sequence suffix is the parent's cversion).
+`Batch` stacks many independent mutations (a batch commit of transactions): each reads the
+store as the ones absorbed before it left it, gets the next zxid, and is absorbed only if it
+succeeded; the batch lands as ONE store commit (one journal record, one changelog append).
 Rules: nothing here touches the disk except through the store's read methods; the caller
 holds the exclusive store lock and commits the mutation only if every operation succeeded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -35,9 +39,10 @@ def ephemerals_file(session_id: int) -> str:
 
 
 class Mutation:
-    def __init__(self, store: FileStore):
+    def __init__(self, store: FileStore, base: Batch | None = None):
         self.store = store
-        self.zxid = store.read_zxid() + 1
+        self.base = base or store  # what reads fall through to: the store, or a batch so far
+        self.zxid = base.next_zxid if base else store.read_zxid() + 1
         self.now_ms = int(time.time() * 1000)
         self.nodes: dict[str, Znode | None] = {}
         self.files: dict[str, bytes | None] = {}
@@ -45,18 +50,18 @@ class Mutation:
 
     def node(self, path: str) -> Znode | None:
         if path not in self.nodes:
-            return self.store.read_znode(path)
+            return self.base.read_znode(path)
         return self.nodes[path]
 
     def writable(self, path: str) -> Znode | None:
         """The znode to modify in place (copied into the overlay on first touch)."""
         if path not in self.nodes:
-            self.nodes[path] = self.store.read_znode(path)
+            self.nodes[path] = self.base.read_znode(path)
         return self.nodes[path]
 
     def ephemerals(self, session_id: int) -> list[str]:
         relative = ephemerals_file(session_id)
-        raw = self.files[relative] if relative in self.files else self.store.read_file(relative)
+        raw = self.files[relative] if relative in self.files else self.base.read_file(relative)
         return json.loads(raw) if raw else []
 
     def set_ephemerals(self, session_id: int, owned: list[str]) -> None:
@@ -65,6 +70,45 @@ class Mutation:
     def commit(self) -> None:
         if self.nodes or self.files:
             self.store.commit(self.zxid, self.nodes, self.files, self.changes)
+
+
+class Batch:
+    """Independent mutations committed together (caller holds the exclusive store lock).
+
+    A mutation made by `mutation()` reads through the ones absorbed before it; `absorb` it
+    when all its operations succeeded, drop it otherwise (nothing of it is kept). Each
+    absorbed mutation keeps its own zxid and changelog line, as its own commit would."""
+
+    def __init__(self, store: FileStore):
+        self.store = store
+        self.next_zxid = store.read_zxid() + 1
+        self.nodes: dict[str, Znode | None] = {}
+        self.files: dict[str, bytes | None] = {}
+        self.lines: list[list] = []  # [zxid, changes] per absorbed mutation
+
+    def read_znode(self, path: str) -> Znode | None:
+        if path not in self.nodes:
+            return self.store.read_znode(path)
+        node = self.nodes[path]  # a copy: the mutation reading it may modify it in place
+        return None if node is None else dataclasses.replace(node, children=list(node.children))
+
+    def read_file(self, relative: str) -> bytes | None:
+        return self.files[relative] if relative in self.files else self.store.read_file(relative)
+
+    def mutation(self) -> Mutation:
+        return Mutation(self.store, base=self)
+
+    def absorb(self, mutation: Mutation) -> None:
+        if not (mutation.nodes or mutation.files):
+            return  # wrote nothing: no zxid, as its own commit would not take one
+        self.nodes.update(mutation.nodes)
+        self.files.update(mutation.files)
+        self.lines.append([mutation.zxid, mutation.changes])
+        self.next_zxid += 1
+
+    def commit(self) -> None:
+        if self.lines:
+            self.store.commit_lines(self.nodes, self.files, self.lines)
 
 
 def _require(mutation: Mutation, path: str) -> Znode:

@@ -6,6 +6,7 @@ Layout of a store directory (see docs/coordination.md):
     journal              the write-ahead intent of the mutation being applied (checksummed;
                          its header is zeroed once the mutation has landed)
     changes              the changelog: one JSON line per zxid, tailed by every client's watches
+                         (a batch of mutations appends all its lines in one write)
     tree/<name>/.../%znode   one file per znode: a fixed header (the stat), child names, data
     ephemerals/<session>     the paths of a session's ephemeral znodes (so a reaper finds them)
     sessions/<session>       one file per live session, flock'ed by its owner (file_session.py)
@@ -256,6 +257,12 @@ class FileStore:
     def commit(self, zxid: int, nodes: dict, files: dict, changes: list) -> None:
         """Apply one mutation: nodes maps path -> Znode or None (deleted), files maps a
         store-relative path -> bytes or None, changes are the changelog's (type, path) pairs."""
+        self.commit_lines(nodes, files, [[zxid, changes]])
+
+    def commit_lines(self, nodes: dict, files: dict, lines: list) -> None:
+        """Apply the merged writes of one or more mutations (a batch) as one: one journal
+        record, so a kill leaves all of them or none; `lines` holds each mutation's
+        [zxid, changes] in zxid order, appended to the changelog in one write."""
         self.maybe_rotate_changelog()
         puts, deletes = [], []
         for path in sorted(nodes, key=lambda p: p.count("/")):  # parents before children
@@ -270,7 +277,7 @@ class FileStore:
             else:
                 puts.append([relative, self._stage(raw)])
         deletes.sort(key=lambda p: -p.count("/"))  # children before parents
-        journal = {"zxid": zxid, "puts": puts, "deletes": deletes, "changes": changes}
+        journal = {"zxid": lines[-1][0], "puts": puts, "deletes": deletes, "lines": lines}
         payload = json.dumps(journal, separators=(",", ":")).encode()
         record = _JOURNAL_HEADER.pack(_JOURNAL_MAGIC, len(payload), zlib.crc32(payload)) + payload
         os.pwrite(self._journal_fd, record, 0)
@@ -300,7 +307,9 @@ class FileStore:
             except FileNotFoundError:
                 os.makedirs(os.path.dirname(target), exist_ok=True)  # a new znode's directory
                 os.rename(staged, target)
-        self._append_changelog(journal["zxid"], journal["changes"])
+        # A journal left by a version that committed one mutation per record has "changes".
+        lines = journal.get("lines") or [[journal["zxid"], journal["changes"]]]
+        self._append_changelog(lines)
         os.pwrite(self._zxid_fd, b"%020d\n" % journal["zxid"], 0)
         if self.fsync:  # the renames, unlinks, changelog and counter are durable before...
             self._fsync_landed(journal)
@@ -352,11 +361,13 @@ class FileStore:
                 raise
             shutil.rmtree(target)
 
-    def _append_changelog(self, zxid: int, changes: list) -> None:
-        line = json.dumps([zxid, changes], separators=(",", ":")).encode() + b"\n"
+    def _append_changelog(self, lines: list) -> None:
+        text = b"".join(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines)
         fd = os.open(self.path("changes"), os.O_WRONLY | os.O_APPEND)
-        try:
-            os.write(fd, line)  # closing it is the inotify event watchers wake on
+        try:  # one write for a whole batch; closing is the inotify event watchers wake on
+            written = os.write(fd, text)
+            while written < len(text):  # a short write to a regular file: only when nearly full
+                written += os.write(fd, text[written:])
         finally:
             os.close(fd)
 

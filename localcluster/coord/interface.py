@@ -2,7 +2,10 @@
 
 What lives here: the abstract `CoordinationClient`, `ZnodeStat` (same fields and order as
 kazoo's, so a kazoo stat converts with `ZnodeStat(*stat)`), the watch event types, the error
-hierarchy, and the transaction builder. Rules: backends raise only the errors defined here
+hierarchy, the transaction builder and the batch commit of many independent transactions
+(`commit_transactions`: one lock and one watcher wake-up on the file backend, one pipelined
+burst of requests on ZooKeeper, where a loop of commits pays a commit or a round trip each) and
+its reading counterpart `get_many`. Rules: backends raise only the errors defined here
 (never kazoo's or OSError for a ZooKeeper-level condition); values are `bytes`; paths are
 validated by `paths.validate_path` before they reach a backend; watch callbacks run on one
 client thread, in the order the changes happened, and are one-shot like ZooKeeper's.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 
@@ -132,9 +135,13 @@ class TransactionRequest:
         self.operations.append(("check", path, version))
 
     def commit(self) -> list:
+        return self._commit_operations(self.take_operations())
+
+    def take_operations(self) -> list[tuple]:
+        """Mark this transaction committed and hand over its operations (for a batch commit)."""
         assert not self.committed, "a transaction is committed once; build a new one"
         self.committed = True
-        return self._commit_operations(list(self.operations))
+        return list(self.operations)
 
     def __enter__(self):
         return self
@@ -190,6 +197,29 @@ class CoordinationClient(abc.ABC):
 
     @abc.abstractmethod
     def transaction(self) -> TransactionRequest: ...
+
+    def get_many(self, paths: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Read many znodes at once (no watches): each one's (data, stat), or None where
+        there is no znode. Backends override this to read them together (one lock hold on
+        the file backend, pipelined on ZooKeeper); the default gets one after another."""
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for path in paths:
+            try:
+                found.append(self.get(path))
+            except NoNodeError:
+                found.append(None)
+        return found
+
+    def commit_transactions(self, transactions: Sequence[TransactionRequest]) -> list[list]:
+        """Commit many INDEPENDENT transactions at once; one result list per transaction.
+
+        Each transaction is atomic on its own and its results read exactly as its commit()
+        would (a failing one is rolled back alone and reports its error; the others apply).
+        They apply in the order given, so a later one sees an earlier one's writes (as
+        ZooKeeper applies one session's requests in order); watches fire as for the same
+        commits made one by one. Backends override this to commit them together: the default
+        commits them one after another."""
+        return [transaction.commit() for transaction in transactions]
 
     def ensure_path(self, path: str) -> bool:
         """Create path and any missing parents as empty persistent znodes."""

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 
 from localcluster.coord import paths
 from localcluster.coord.interface import (
@@ -274,6 +275,17 @@ class KafkaZkClient:
             return None
         return decode_leader_and_isr(path, data), stat.version
 
+    def partition_states(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, tuple[LeaderAndIsr, int] | None]:
+        """partition_state of many partitions, read at once (coord.get_many)."""
+        state_paths = [paths.partition_state_path(*tp) for tp in partitions]
+        found = self.coord.get_many(state_paths)
+        return {
+            tp: None if read is None else (decode_leader_and_isr(path, read[0]), read[1].version)
+            for tp, path, read in zip(partitions, state_paths, found, strict=True)
+        }
+
     # -- writes fenced by the controller epoch -------------------------------------------------
 
     def _fenced(self, controller_epoch_version: int):
@@ -284,43 +296,78 @@ class KafkaZkClient:
     def _commit_fenced(self, tx) -> list:
         """Commit; raise ControllerMovedError when the epoch check failed, else the first
         operation's own error, else return the operations' results (without the check's)."""
-        results = tx.commit()
-        if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
-            raise ControllerMovedError(f"/controller_epoch moved on ({results[0]}): another "
-                                       "controller was elected")  # fmt: skip
-        for r in results[1:]:
-            if isinstance(r, Exception) and not isinstance(
-                r, RolledBackError | RuntimeInconsistencyError
-            ):
-                raise r
-        return results[1:]
+        outcome = _fenced_outcome(tx.commit())
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def create_partition_state(self, tp: TopicPartition, state: LeaderAndIsr,
                                controller_epoch_version: int) -> int:  # fmt: skip
-        """Create .../partitions/P/state (and its parents); returns its version (0)."""
-        topic, partition = tp
-        for path in (paths.topic_partitions_path(topic), paths.partition_path(topic, partition)):
-            try:
-                self.coord.create(path)
-            except NodeExistsError:
-                pass
-        tx = self._fenced(controller_epoch_version)
-        tx.create(paths.partition_state_path(topic, partition), encode_leader_and_isr(state))
-        self._commit_fenced(tx)
+        """Create .../partitions/P/state (and its parents); returns its version (0).
+        NodeExistsError when it is there already."""
+        if self.write_partition_states([(tp, state, None)], controller_epoch_version)[tp] is None:
+            raise NodeExistsError(f"{paths.partition_state_path(*tp)} already exists")
         return 0
 
     def update_partition_state(self, tp: TopicPartition, state: LeaderAndIsr, zk_version: int,
                                controller_epoch_version: int) -> int | None:  # fmt: skip
         """Conditional update by the controller; the new version, or None on a version clash."""
-        tx = self._fenced(controller_epoch_version)
-        tx.set_data(
-            paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
+        return self.write_partition_states([(tp, state, zk_version)], controller_epoch_version)[tp]
+
+    def write_partition_states(
+        self,
+        writes: Sequence[tuple[TopicPartition, LeaderAndIsr, int | None]],
+        controller_epoch_version: int,
+    ) -> dict[TopicPartition, int | None]:
+        """Many controller writes of partition-state znodes in ONE batch commit (Kafka's
+        createTopicPartitionStatesRaw / updateLeaderAndIsr pipeline theirs): (tp, state, None)
+        creates the znode (its parents first, unfenced, as the single form does), (tp, state,
+        zk_version) updates it conditionally. Each write is its own fenced transaction, so
+        the semantics are the single forms': each partition's new version, or None where the
+        create found the znode or the update's version clashed (or the znode is gone).
+        ControllerMovedError when an epoch check failed; any other error is raised."""
+        transactions = self._partition_parent_creates(
+            [tp for tp, _, zk_version in writes if zk_version is None]
         )
-        try:
-            (stat,) = self._commit_fenced(tx)
-        except (BadVersionError, NoNodeError):
-            return None
-        return stat.version
+        parents = len(transactions)
+        for tp, state, zk_version in writes:
+            tx = self._fenced(controller_epoch_version)
+            path, value = paths.partition_state_path(*tp), encode_leader_and_isr(state)
+            if zk_version is None:
+                tx.create(path, value)
+            else:
+                tx.set_data(path, value, version=zk_version)
+            transactions.append(tx)
+        answers = self.coord.commit_transactions(transactions)
+        for results in answers[:parents]:
+            if isinstance(results[0], Exception) and not isinstance(results[0], NodeExistsError):
+                raise results[0]
+        fenced = [_fenced_outcome(results) for results in answers[parents:]]
+        moved = next((o for o in fenced if isinstance(o, ControllerMovedError)), None)
+        if moved is not None:
+            raise moved
+        versions = {}
+        for (tp, _, zk_version), outcome in zip(writes, fenced, strict=True):
+            clash = NodeExistsError if zk_version is None else (BadVersionError, NoNodeError)
+            if isinstance(outcome, clash):
+                versions[tp] = None
+            elif isinstance(outcome, Exception):
+                raise outcome
+            else:
+                versions[tp] = 0 if zk_version is None else outcome[0].version
+        return versions
+
+    def _partition_parent_creates(self, created: list[TopicPartition]) -> list:
+        """One single-create transaction per parent a new state znode may lack: .../partitions
+        once per topic, then each .../partitions/P (a batch applies them in this order)."""
+        transactions, topics = [], []
+        for topic in dict.fromkeys(topic for topic, _ in created):
+            topics.append(paths.topic_partitions_path(topic))
+        for path in topics + [paths.partition_path(*tp) for tp in created]:
+            tx = self.coord.transaction()
+            tx.create(path)
+            transactions.append(tx)
+        return transactions
 
     def update_isr_from_leader(self, tp: TopicPartition, state: LeaderAndIsr,
                                zk_version: int) -> int | None:  # fmt: skip
@@ -360,29 +407,65 @@ class KafkaZkClient:
         return True
 
     def delete_topic_znodes(self, topic: str) -> None:
-        for path in (paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)):
-            try:
-                self.coord.delete(path, recursive=True)
-            except NoNodeError:
-                pass
+        """Delete the topic's znodes (assignment and partition states, config, deletion
+        request) in one batch commit, children first, with the layout known, rather than a
+        recursive delete that lists and deletes node by node (a round trip each on ZooKeeper).
+        A top-level znode the batch could not delete (a child it did not know of appeared)
+        is then deleted recursively."""
+        partitions_path = paths.topic_partitions_path(topic)
+        try:
+            partitions = self.coord.get_children(partitions_path)
+        except NoNodeError:
+            partitions = []
+        doomed = []
+        for name in partitions:
+            partition = paths.join(partitions_path, name)
+            doomed += [paths.join(partition, "state"), partition]
+        tops = [paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)]
+        doomed += [partitions_path, *tops]
+        transactions = []
+        for path in doomed:
+            tx = self.coord.transaction()
+            tx.delete(path)
+            transactions.append(tx)
+        outcome = dict(zip(doomed, self.coord.commit_transactions(transactions), strict=True))
+        for path in tops:
+            (result,) = outcome[path]
+            if isinstance(result, Exception) and not isinstance(result, NoNodeError):
+                try:
+                    self.coord.delete(path, recursive=True)
+                except NoNodeError:
+                    pass
 
     # -- admin requests and notifications -----------------------------------------------------
 
     def isr_change_notifications(self, watch=None) -> list[str]:
         return sorted(self.coord.get_children(paths.ISR_CHANGE_NOTIFICATION, watch))
 
-    def consume_isr_change_notification(self, name: str) -> list[TopicPartition]:
-        path = f"{paths.ISR_CHANGE_NOTIFICATION}/{name}"
-        try:
-            data, _ = self.coord.get(path)
-            self.coord.delete(path)
-        except NoNodeError:
-            return []
-        try:
-            return [(p["topic"], int(p["partition"])) for p in json.loads(data)["partitions"]]
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring malformed ISR change notification %s: %r", path, data[:200])
-            return []
+    def consume_isr_change_notifications(self, names: Sequence[str]) -> list[TopicPartition]:
+        """Read the named notifications at once, then delete them in one batch commit (one wake-up
+        of the watchers of /isr_change_notification, not one per notification). The
+        partitions they name; a notification already gone names none."""
+        wanted = [f"{paths.ISR_CHANGE_NOTIFICATION}/{name}" for name in names]
+        read = {
+            path: found[0]
+            for path, found in zip(wanted, self.coord.get_many(wanted), strict=True)
+            if found is not None
+        }
+        deletes = []
+        for path in read:
+            tx = self.coord.transaction()
+            tx.delete(path)
+            deletes.append(tx)
+        changed = []
+        for (path, data), (result,) in zip(read.items(), self.coord.commit_transactions(deletes),
+                                           strict=True):  # fmt: skip
+            if isinstance(result, NoNodeError):
+                continue  # another controller consumed it meanwhile
+            if isinstance(result, Exception):
+                raise result
+            changed += _notified_partitions(path, data)
+        return changed
 
     def request_topic_deletion(self, topic: str) -> bool:
         """Ask the controller to delete `topic` (/admin/delete_topics/<topic>, as Kafka's
@@ -471,6 +554,28 @@ class KafkaZkClient:
             self.coord.delete(path)
         except NoNodeError:
             pass
+
+
+def _notified_partitions(path: str, data: bytes) -> list[TopicPartition]:
+    try:
+        return [(p["topic"], int(p["partition"])) for p in json.loads(data)["partitions"]]
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring malformed ISR change notification %s: %r", path, data[:200])
+        return []
+
+
+def _fenced_outcome(results: list) -> list | Exception:
+    """A fenced transaction's results: ControllerMovedError when its epoch check failed, else
+    the first operation's own error, else the operations' results (without the check's)."""
+    if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
+        return ControllerMovedError(f"/controller_epoch moved on ({results[0]}): another "
+                                    "controller was elected")  # fmt: skip
+    for r in results[1:]:
+        if isinstance(r, Exception) and not isinstance(
+            r, RolledBackError | RuntimeInconsistencyError
+        ):
+            return r
+    return results[1:]
 
 
 def _decode_reassignments(data: bytes) -> dict[TopicPartition, tuple[int, ...]]:

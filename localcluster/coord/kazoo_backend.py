@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 # Kafka's zookeeper.session.timeout.ms before 2.5; ZooKeeper clamps it to [2, 20] x tickTime.
 DEFAULT_SESSION_TIMEOUT_MS = 6000
+# Multis of a batch commit (or gets of a get_many) in flight at once: bounds kazoo's queue and the server's backlog
+# (ZooKeeper's globalOutstandingLimit is 1,000).
+KAZOO_PIPELINE_MAX = 1000
 
 _ERRORS = {
     kazoo_errors.NoNodeError: interface.NoNodeError,
@@ -159,6 +162,28 @@ class KazooCoordinationClient(CoordinationClient):
         with _translated(path):
             return self._kazoo.get_children(path, watch=self._wrap(watch))
 
+    def get_many(self, paths_to_read) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Pipelined like commit_transactions: every get sent before the first answer."""
+        for path in paths_to_read:
+            paths.validate_path(path)
+        found: list[tuple[bytes, ZnodeStat] | None] = []
+        for start in range(0, len(paths_to_read), KAZOO_PIPELINE_MAX):
+            chunk = paths_to_read[start : start + KAZOO_PIPELINE_MAX]
+            with _translated():
+                pending = [self._kazoo.get_async(path) for path in chunk]
+            failure = None
+            for path, async_result in zip(chunk, pending, strict=True):
+                try:
+                    data, stat = async_result.get()
+                    found.append((data, ZnodeStat(*stat)))
+                except kazoo_errors.NoNodeError:
+                    found.append(None)
+                except (kazoo_errors.KazooException, KazooTimeoutError) as error:
+                    failure = failure or translate(error, path)
+            if failure is not None:
+                raise failure
+        return found
+
     def ensure_path(self, path) -> bool:
         paths.validate_path(path)
         with _translated(path):
@@ -168,6 +193,32 @@ class KazooCoordinationClient(CoordinationClient):
         return TransactionRequest(self._commit_transaction)
 
     def _commit_transaction(self, requested: list[tuple]) -> list:
+        transaction = self._kazoo_transaction(requested)
+        with _translated():
+            return _translate_results(transaction.commit())
+
+    def commit_transactions(self, transactions) -> list[list]:
+        """Pipelined, as Kafka's ZooKeeperClient sends its many requests: every multi is sent
+        before the first answer is awaited (at most KAZOO_PIPELINE_MAX outstanding), so the
+        batch costs about one round trip, not one per transaction. ZooKeeper applies a
+        session's requests in order, so a later transaction sees an earlier one's writes."""
+        built = [self._kazoo_transaction(t.take_operations()) for t in transactions]
+        results: list[list] = []
+        for start in range(0, len(built), KAZOO_PIPELINE_MAX):
+            with _translated():
+                pending = [t.commit_async() for t in built[start : start + KAZOO_PIPELINE_MAX]]
+            answers, failure = [], None
+            for async_result in pending:  # wait for all, even past a failed one
+                try:
+                    answers.append(async_result.get())
+                except (kazoo_errors.KazooException, KazooTimeoutError) as error:
+                    failure = failure or error
+            if failure is not None:  # the connection failed: outcomes unknown, as for commit()
+                raise translate(failure) from failure
+            results += [_translate_results(answer) for answer in answers]
+        return results
+
+    def _kazoo_transaction(self, requested: list[tuple]):
         transaction = self._kazoo.transaction()
         for kind, path, *arguments in requested:
             paths.validate_path(path, sequential=kind == "create" and arguments[2])
@@ -176,11 +227,13 @@ class KazooCoordinationClient(CoordinationClient):
                 transaction.create(path, value, ephemeral=ephemeral, sequence=sequence)
             else:
                 getattr(transaction, kind)(path, *arguments)
-        with _translated():
-            results = transaction.commit()
-        return [
-            translate(result) if isinstance(result, Exception)
-            else ZnodeStat(*result) if isinstance(result, tuple) and not isinstance(result, str)
-            else result
-            for result in results
-        ]  # fmt: skip
+        return transaction
+
+
+def _translate_results(results: list) -> list:
+    return [
+        translate(result) if isinstance(result, Exception)
+        else ZnodeStat(*result) if isinstance(result, tuple) and not isinstance(result, str)
+        else result
+        for result in results
+    ]  # fmt: skip

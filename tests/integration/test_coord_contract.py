@@ -316,6 +316,84 @@ def test_failed_transaction_reports_the_failing_operation(coord_backend):
     assert client.transaction().commit() == []
 
 
+# -- batch commits (commit_transactions) -----------------------------------------------------------
+
+
+def test_batch_commit_answers_each_transaction_on_its_own(coord_backend):
+    client = coord_backend.connect()
+    state = client.create(coord_backend.path("state"), b"leader=0")
+    first, clashing, later, reading = (client.transaction() for _ in range(4))
+    first.set_data(state, b"leader=1", version=0)
+    first.create(coord_backend.path("a"), b"a")
+    clashing.create(coord_backend.path("b"))
+    clashing.set_data(state, b"stale", version=0)  # version 0 is gone: first moved it to 1
+    later.set_data(state, b"leader=2", version=1)  # sees first's write, applied in order
+    reading.check(state, 2)
+    reading.create(coord_backend.path("a", "child"))  # sees first's create
+    results = client.commit_transactions([first, clashing, later, reading])
+    assert first.committed and reading.committed
+    assert len(results) == 4
+    assert results[0][0].version == 1 and results[0][1] == coord_backend.path("a")
+    assert [type(result) for result in results[1]] == [RolledBackError, BadVersionError]
+    assert results[2][0].version == 2
+    assert results[3] == [True, coord_backend.path("a", "child")]
+    assert client.exists(coord_backend.path("b")) is None, "the failed one is rolled back alone"
+    data, stat = client.get(state)
+    assert (data, stat.version) == (b"leader=2", 2)
+    a_stat = client.exists(coord_backend.path("a"))
+    assert a_stat.czxid == results[0][0].mzxid, "one transaction, one zxid"
+    assert a_stat.czxid < stat.mzxid < client.exists(coord_backend.path("a", "child")).czxid, (
+        "each transaction of a batch has its own zxid, in order"
+    )
+    assert client.commit_transactions([]) == []
+
+
+def test_batch_commit_fires_each_watch_once_per_changed_znode(coord_backend):
+    client = coord_backend.connect()
+    writer = coord_backend.connect()
+    parent = client.create(coord_backend.path("notifications"))
+    names = [client.create(coord_backend.path(f"partition-{i}"), b"") for i in range(3)]
+    data_watch, child_watch = Recorder(), Recorder()
+    for path in names:
+        client.get(path, watch=data_watch)
+    client.get_children(parent, watch=child_watch)
+    batch = []
+    for path in names[::-1] + names:  # every znode written twice: its one-shot watch fires once
+        transaction = writer.transaction()
+        transaction.set_data(path, b"changed")
+        batch.append(transaction)
+    for i in range(2):
+        transaction = writer.transaction()
+        transaction.create(f"{parent}/child-{i}")
+        batch.append(transaction)
+    failing = writer.transaction()
+    failing.check(names[0], 99)
+    batch.insert(0, failing)
+    results = writer.commit_transactions(batch)
+    assert isinstance(results[0][0], BadVersionError)
+    assert [stat.version for (stat,) in results[1:7]] == [1, 1, 1, 2, 2, 2]
+    wait_until(lambda: len(data_watch.kinds()) == 3 and child_watch.kinds(), message="events")
+    marker = Recorder()  # a later change's event, so a late duplicate would have arrived
+    client.exists(names[0], watch=marker)
+    writer.set(names[0], b"after")
+    wait_until(lambda: marker.kinds(), message="the marker's event")
+    assert data_watch.kinds() == [(EventType.CHANGED, path) for path in names[::-1]]
+    assert child_watch.kinds() == [(EventType.CHILD, parent)]
+
+
+def test_get_many_reads_like_one_get_each(coord_backend):
+    client = coord_backend.connect()
+    present = [client.create(coord_backend.path(f"read-{i}"), f"v{i}".encode()) for i in range(3)]
+    client.set(present[1], b"changed")
+    wanted = [present[2], coord_backend.path("absent"), present[0], present[1]]
+    found = client.get_many(wanted)
+    assert found == [client.get(present[2]), None, client.get(present[0]), client.get(present[1])]
+    assert found[3][0] == b"changed" and found[3][1].version == 1
+    assert client.get_many([]) == []
+    with pytest.raises(BadPathError):
+        client.get_many([present[0], "no-slash"])
+
+
 def test_cas_race_counts_every_increment(coord_backend, processes):
     client = coord_backend.connect()
     counter = client.create(coord_backend.path("counter"), b"0")

@@ -90,6 +90,9 @@ class SimZk:
     def partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
         return self.states.get((topic, partition))
 
+    def partition_states(self, partitions) -> dict:
+        return {tp: self.states.get(tp) for tp in partitions}
+
     def _fence(self, controller_epoch: int) -> None:
         if controller_epoch != self.controller_epoch:
             raise ControllerMovedError(
@@ -109,6 +112,19 @@ class SimZk:
         self._fence(controller_epoch)
         return self._set_state(tp, state, version)
 
+    def write_partition_states(self, writes, controller_epoch: int) -> dict:
+        """KafkaZkClient's batch of the two writes above: None where a write clashed."""
+        versions = {}
+        for tp, state, version in writes:
+            if version is not None:
+                versions[tp] = self.update_partition_state(tp, state, version, controller_epoch)
+                continue
+            try:
+                versions[tp] = self.create_partition_state(tp, state, controller_epoch)
+            except NodeExistsError:
+                versions[tp] = None
+        return versions
+
     def _set_state(self, tp, state: LeaderAndIsr, version: int) -> int | None:
         current = self.states.get(tp)
         if current is None or current[1] != version:
@@ -119,8 +135,8 @@ class SimZk:
     def isr_change_notifications(self) -> list[str]:
         return sorted(self.isr_changes)
 
-    def consume_isr_change_notification(self, name: str) -> list[TopicPartition]:
-        return [self.isr_changes.pop(name)]
+    def consume_isr_change_notifications(self, names) -> list[TopicPartition]:
+        return [self.isr_changes.pop(name) for name in names if name in self.isr_changes]
 
     def topics_to_delete(self) -> list[str]:
         return []
