@@ -50,9 +50,9 @@ demo: $(VENV)/.installed-base
 # worker left one idle while the other ran the sweep; a module's shared cluster may now start
 # on both). The integration tests that time real processes (failovers, session timeouts,
 # chaos) run after them, also on two workers: alone they kept 0.9 of the two cores busy (702 s
-# wall, 630 s of CPU: they mostly wait for brokers), on two workers they take 386 s, beside
-# nothing CPU-bound. Both parts always run; either failing fails the target. Every test has a
-# timeout (setup.cfg). PYTEST_ARGS=... runs just those.
+# wall, 630 s of CPU: they mostly wait for brokers), on two workers they take 390-410 s, beside
+# nothing CPU-bound (make test in all: 12 min). Both parts always run; either failing fails
+# the target. Every test has a timeout (setup.cfg). PYTEST_ARGS=... runs just those.
 UNTIMED_INTEGRATION := $(addprefix tests/integration/,test_log_corruption.py test_log_crash.py \
 	test_protocol_versions.py test_bad_input.py test_output_in_pipes.py test_kcat.py \
 	test_admin_records.py test_topic_configs.py test_dynamic_broker_configs.py \
