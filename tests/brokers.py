@@ -21,7 +21,7 @@ from localcluster import cluster
 from localcluster.broker.process import BrokerProcess
 from localcluster.broker.server import default_coordination, short_socket_dir
 
-__all__ = ["BrokerProcess", "BrokerSet", "brokers", "pause"]
+__all__ = ["BrokerProcess", "BrokerSet", "brokers", "pause", "remove_socket_dir"]
 
 
 def pause(broker: BrokerProcess) -> None:
@@ -53,8 +53,13 @@ class BrokerSet:
     def cleanup(self) -> None:
         for broker in self.started:
             broker.kill()
-        # the sockets' dir under /tmp when the test's dir is too deep for AF_UNIX
-        shutil.rmtree(short_socket_dir(self.cluster_dir), ignore_errors=True)
+        remove_socket_dir(self.cluster_dir)
+
+
+def remove_socket_dir(cluster_dir: Path) -> None:
+    """The brokers' sockets' dir under /tmp, used when the test's dir is too deep for AF_UNIX
+    (under xdist it is): call it once the brokers are dead."""
+    shutil.rmtree(short_socket_dir(cluster_dir), ignore_errors=True)
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ from localcluster.broker.process import BrokerProcess
 from localcluster.client import Admin, Consumer, Producer
 from localcluster.storage import record_batch
 from localcluster.tools import chaos_check
+from tests.brokers import remove_socket_dir
 from tests.helpers import wait_until
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
@@ -121,6 +122,7 @@ class Cluster:
     def kill(self) -> None:
         for broker in self.brokers.values():
             broker.kill()
+        remove_socket_dir(self.directory)
 
     @property
     def bootstrap(self) -> str:

@@ -22,7 +22,7 @@ import pytest
 
 from localcluster.client import Admin
 from localcluster.group import partition_for
-from tests.brokers import BrokerProcess
+from tests.brokers import BrokerProcess, remove_socket_dir
 from tests.helpers import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -49,6 +49,7 @@ def cluster(tmp_path_factory):
     finally:
         for broker in started:
             broker.kill()
+        remove_socket_dir(cluster_dir)
 
 
 def bootstrap(brokers) -> str:
