@@ -15,7 +15,7 @@ from localcluster.coord import file_operations as operations
 from localcluster.coord.file_store import FileStore
 from localcluster.coord.file_watch import ChangeFeed
 from localcluster.coord.interface import BadVersionError
-from tests.unit.test_coord_file_store import STEPS, _run_forked, _seed
+from tests.unit.test_coord_file_store import _die_at_file_step, _run_forked, _seed
 
 
 def _batch(store: FileStore) -> None:
@@ -36,21 +36,7 @@ def _batch(store: FileStore) -> None:
 
 
 def _batch_and_die_at(store_dir: str, crash_step: int) -> None:
-    counter = [0]
-
-    def counted(name):
-        real = getattr(os, name)
-
-        def step(*arguments, **keywords):
-            if counter[0] == crash_step:
-                os._exit(17)
-            counter[0] += 1
-            return real(*arguments, **keywords)
-
-        return step
-
-    for name in STEPS:
-        setattr(os, name, counted(name))
+    _die_at_file_step(crash_step)
     store = FileStore(store_dir)
     with store.exclusive():
         _batch(store)

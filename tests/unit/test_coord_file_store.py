@@ -54,8 +54,8 @@ def _seed(store_dir: str) -> None:
     store.close()
 
 
-def _mutate_and_die_at(store_dir: str, crash_step: int) -> None:
-    """In a forked child: run one transaction, exiting at the crash_step-th file step."""
+def _die_at_file_step(crash_step: int) -> None:
+    """In a forked child: from now on, exit (code 17) at the crash_step-th file step."""
     counter = [0]
 
     def counted(name):
@@ -71,6 +71,11 @@ def _mutate_and_die_at(store_dir: str, crash_step: int) -> None:
 
     for name in STEPS:
         setattr(os, name, counted(name))
+
+
+def _mutate_and_die_at(store_dir: str, crash_step: int) -> None:
+    """In a forked child: run one transaction, exiting at the crash_step-th file step."""
+    _die_at_file_step(crash_step)
     store = FileStore(store_dir)
     with store.exclusive():
         mutation = operations.Mutation(store)
