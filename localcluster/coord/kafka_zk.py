@@ -360,12 +360,15 @@ class KafkaZkClient:
     def _partition_parent_creates(self, created: list[TopicPartition]) -> list:
         """One single-create transaction per parent a new state znode may lack: .../partitions
         once per topic, then each .../partitions/P (a batch applies them in this order)."""
-        transactions, topics = [], []
-        for topic in dict.fromkeys(topic for topic, _ in created):
-            topics.append(paths.topic_partitions_path(topic))
-        for path in topics + [paths.partition_path(*tp) for tp in created]:
+        topics = [paths.topic_partitions_path(t) for t in dict.fromkeys(t for t, _ in created)]
+        return self._one_each("create", topics + [paths.partition_path(*tp) for tp in created])
+
+    def _one_each(self, operation: str, znode_paths: Sequence[str]) -> list:
+        """A transaction of the one operation ("create" or "delete") per path, for a batch."""
+        transactions = []
+        for path in znode_paths:
             tx = self.coord.transaction()
-            tx.create(path)
+            getattr(tx, operation)(path)
             transactions.append(tx)
         return transactions
 
@@ -423,12 +426,8 @@ class KafkaZkClient:
             doomed += [paths.join(partition, "state"), partition]
         tops = [paths.topic_path(topic), config_path(topic), paths.delete_topic_path(topic)]
         doomed += [partitions_path, *tops]
-        transactions = []
-        for path in doomed:
-            tx = self.coord.transaction()
-            tx.delete(path)
-            transactions.append(tx)
-        outcome = dict(zip(doomed, self.coord.commit_transactions(transactions), strict=True))
+        answers = self.coord.commit_transactions(self._one_each("delete", doomed))
+        outcome = dict(zip(doomed, answers, strict=True))
         for path in tops:
             (result,) = outcome[path]
             if isinstance(result, Exception) and not isinstance(result, NoNodeError):
@@ -452,14 +451,9 @@ class KafkaZkClient:
             for path, found in zip(wanted, self.coord.get_many(wanted), strict=True)
             if found is not None
         }
-        deletes = []
-        for path in read:
-            tx = self.coord.transaction()
-            tx.delete(path)
-            deletes.append(tx)
+        answers = self.coord.commit_transactions(self._one_each("delete", list(read)))
         changed = []
-        for (path, data), (result,) in zip(read.items(), self.coord.commit_transactions(deletes),
-                                           strict=True):  # fmt: skip
+        for (path, data), (result,) in zip(read.items(), answers, strict=True):
             if isinstance(result, NoNodeError):
                 continue  # another controller consumed it meanwhile
             if isinstance(result, Exception):

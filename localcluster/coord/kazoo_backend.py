@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 
 # Kafka's zookeeper.session.timeout.ms before 2.5; ZooKeeper clamps it to [2, 20] x tickTime.
 DEFAULT_SESSION_TIMEOUT_MS = 6000
-# Multis of a batch commit (or gets of a get_many) in flight at once: bounds kazoo's queue and the server's backlog
-# (ZooKeeper's globalOutstandingLimit is 1,000).
+# Multis of a batch commit (or gets of a get_many) in flight at once: bounds kazoo's queue and
+# the server's backlog (ZooKeeper's globalOutstandingLimit is 1,000).
 KAZOO_PIPELINE_MAX = 1000
 
 _ERRORS = {
