@@ -18,6 +18,7 @@ of record bytes, for the network layer to send in order without copying the reco
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 
 from localcluster.protocol.wire import Reader, Writer
@@ -25,6 +26,7 @@ from localcluster.protocol.wire import Reader, Writer
 CONSUMER_REPLICA_ID = -1
 NO_SESSION_ID = 0
 FINAL_EPOCH = -1
+FETCH_VERSIONS = range(4, 12)
 
 
 @dataclass(slots=True)
@@ -64,26 +66,54 @@ class FetchPartitionResponse:
         return sum(len(r) if not hasattr(r, "length") else r.length for r in self.records)
 
 
+def _request_partition(version: int) -> struct.Struct:
+    """A request partition's fixed fields: partition, [current_leader_epoch (v9+)],
+    fetch_offset, [log_start_offset (v5+)], partition_max_bytes."""
+    return struct.Struct(">i" + ("i" if version >= 9 else "") + "q"
+                         + ("q" if version >= 5 else "") + "i")  # fmt: skip
+
+
+def _response_partition_head(version: int) -> struct.Struct:
+    """A response partition's fields before its aborted transactions: partition, error_code,
+    high_watermark, last_stable_offset, [log_start_offset (v5+)], the aborted count."""
+    return struct.Struct(">ihqq" + ("q" if version >= 5 else "") + "i")
+
+
+def _response_partition_tail(version: int) -> struct.Struct:
+    """After the aborted transactions: [preferred_read_replica (v11+)], the records' size."""
+    return struct.Struct(">" + ("i" if version >= 11 else "") + "i")
+
+
+# Each partition's fixed fields go through one struct (one bounds check, one (un)pack): the
+# follower's fetch loop codes a request and a response per round on both ends.
+_REQUEST_PARTITION = {v: _request_partition(v) for v in FETCH_VERSIONS}
+_RESPONSE_HEAD = {v: _response_partition_head(v) for v in FETCH_VERSIONS}
+_RESPONSE_TAIL = {v: _response_partition_tail(v) for v in FETCH_VERSIONS}
+_ABORTED_TRANSACTION = struct.Struct(">qq")
+_REQUEST_HEAD = struct.Struct(">iiiib")
+_SESSION = struct.Struct(">ii")
+_RESPONSE_SESSION = struct.Struct(">ihi")
+
+
 def read_fetch_request(reader: Reader, version: int) -> FetchRequest:
-    replica_id = reader.int32()
-    max_wait_ms = reader.int32()
-    min_bytes = reader.int32()
-    max_bytes = reader.int32()
-    isolation_level = reader.int8()
+    replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level = reader.fields(_REQUEST_HEAD)
     session_id, session_epoch = NO_SESSION_ID, FINAL_EPOCH
     if version >= 7:
-        session_id, session_epoch = reader.int32(), reader.int32()
+        session_id, session_epoch = reader.fields(_SESSION)
+    block, with_epoch, with_start = _REQUEST_PARTITION[version], version >= 9, version >= 5
     topics = []
     for _ in range(reader.array_length()):
         name = reader.string()
         partitions = []
         for _ in range(reader.array_length()):
-            partition = reader.int32()
-            epoch = reader.int32() if version >= 9 else -1
-            fetch_offset = reader.int64()
-            log_start = reader.int64() if version >= 5 else -1
-            partitions.append(FetchPartition(partition, fetch_offset, reader.int32(), epoch,
-                                             log_start))  # fmt: skip
+            values = reader.fields(block)
+            if with_epoch:  # v9+: partition, epoch, fetch offset, log start, max bytes
+                partitions.append(FetchPartition(values[0], values[2], values[4], values[1],
+                                                 values[3]))  # fmt: skip
+            elif with_start:  # v5-v8: partition, fetch offset, log start, max bytes
+                partitions.append(FetchPartition(values[0], values[1], values[3], -1, values[2]))
+            else:  # v4: partition, fetch offset, max bytes
+                partitions.append(FetchPartition(values[0], values[1], values[2]))
         topics.append((name, partitions))
     forgotten = []
     if version >= 7:
@@ -96,21 +126,23 @@ def read_fetch_request(reader: Reader, version: int) -> FetchRequest:
 
 
 def write_fetch_request(request: FetchRequest, version: int) -> bytes:
-    w = Writer().int32(request.replica_id).int32(request.max_wait_ms).int32(request.min_bytes)
-    w.int32(request.max_bytes).int8(request.isolation_level)
+    w = Writer().fields(_REQUEST_HEAD, request.replica_id, request.max_wait_ms,
+                        request.min_bytes, request.max_bytes, request.isolation_level)  # fmt: skip
     if version >= 7:
-        w.int32(request.session_id).int32(request.session_epoch)
+        w.fields(_SESSION, request.session_id, request.session_epoch)
+    block, with_epoch, with_start = _REQUEST_PARTITION[version], version >= 9, version >= 5
     w.int32(len(request.topics))
     for name, partitions in request.topics:
         w.string(name).int32(len(partitions))
         for p in partitions:
-            w.int32(p.partition)
-            if version >= 9:
-                w.int32(p.current_leader_epoch)
-            w.int64(p.fetch_offset)
-            if version >= 5:
-                w.int64(p.log_start_offset)
-            w.int32(p.partition_max_bytes)
+            values = [p.partition]
+            if with_epoch:
+                values.append(p.current_leader_epoch)
+            values.append(p.fetch_offset)
+            if with_start:
+                values.append(p.log_start_offset)
+            values.append(p.partition_max_bytes)
+            w.fields(block, *values)
     if version >= 7:
         w.int32(len(request.forgotten))
         for name, partitions in request.forgotten:
@@ -128,18 +160,23 @@ def write_fetch_response(responses: list[tuple[str, list[FetchPartitionResponse]
     w = Writer().int32(0)  # throttle_time_ms
     if version >= 7:
         w.int16(error_code).int32(session_id)
+    head, tail = _RESPONSE_HEAD[version], _RESPONSE_TAIL[version]
+    with_start, with_replica = version >= 5, version >= 11
     w.int32(len(responses))
     for name, partitions in responses:
         w.string(name).int32(len(partitions))
         for p in partitions:
-            w.int32(p.partition).int16(p.error_code).int64(p.high_watermark)
-            w.int64(p.last_stable_offset)
-            if version >= 5:
-                w.int64(p.log_start_offset)
-            w.int32(0)  # aborted_transactions: none (no transactions here)
-            if version >= 11:
-                w.int32(-1)  # preferred_read_replica
-            w.int32(p.records_size)
+            # aborted_transactions: none (no transactions here)
+            if with_start:
+                w.fields(head, p.partition, p.error_code, p.high_watermark, p.last_stable_offset,
+                         p.log_start_offset, 0)  # fmt: skip
+            else:
+                w.fields(head, p.partition, p.error_code, p.high_watermark, p.last_stable_offset, 0)
+            size = p.records_size
+            if with_replica:
+                w.fields(tail, -1, size)  # preferred_read_replica: none
+            else:
+                w.fields(tail, size)
             if p.records:
                 parts.append(bytes(w.buf))
                 parts.extend(p.records)
@@ -160,27 +197,25 @@ def read_session_fetch_response(
     reader: Reader, version: int
 ) -> tuple[int, int, list[tuple[str, list[FetchPartitionResponse]]]]:
     """(top-level error code, session id, responses), for a fetcher with a KIP-227 session."""
-    reader.int32()  # throttle_time_ms
     error_code, session_id = 0, NO_SESSION_ID
     if version >= 7:
-        error_code = reader.int16()
-        session_id = reader.int32()
+        _, error_code, session_id = reader.fields(_RESPONSE_SESSION)
+    else:
+        reader.int32()  # throttle_time_ms
+    head, tail, with_start = _RESPONSE_HEAD[version], _RESPONSE_TAIL[version], version >= 5
     out = []
     for _ in range(reader.array_length()):
         name = reader.string()
         partitions = []
         for _ in range(reader.array_length()):
-            p = FetchPartitionResponse(reader.int32(), reader.int16(), reader.int64(),
-                                       reader.int64())  # fmt: skip
-            if version >= 5:
-                p.log_start_offset = reader.int64()
-            aborted = reader.int32()
-            for _ in range(max(aborted, 0)):
-                reader.int64()
-                reader.int64()
-            if version >= 11:
-                reader.int32()
-            records = reader.nullable_bytes()
+            values = reader.fields(head)
+            p = FetchPartitionResponse(*values[:4])
+            if with_start:
+                p.log_start_offset = values[4]
+            for _ in range(max(values[-1], 0)):  # aborted transactions: skipped
+                reader.fields(_ABORTED_TRANSACTION)
+            size = reader.fields(tail)[-1]
+            records = None if size < 0 else reader.raw(size)
             p.records = [records] if records is not None and len(records) else []
             partitions.append(p)
         out.append((name, partitions))
