@@ -52,17 +52,13 @@ def partition_dir_name(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
-def batch_headers(records) -> list[rb.BatchHeader]:
-    """The batch headers of a produce's or fetch's records (the log validates their CRCs)."""
-    return [h for _, h in rb.iter_batches(records, check_crc=False)]
-
-
-def check_compressed_batches(records) -> None:
-    """A leader's check of a client's compressed batches, as Kafka's LogValidator does: the
-    payload must decompress to exactly the records the header counts (the CRC covers only the
-    compressed bytes). Raises CorruptRecordError (CORRUPT_MESSAGE); plain batches cost nothing."""
+def check_compressed_batches(records, batches: list[tuple[int, rb.BatchHeader]]) -> None:
+    """A leader's check of a client's compressed batches (`batches`: as Log.validate found
+    them), as Kafka's LogValidator does: the payload must decompress to exactly the records the
+    header counts (the CRC covers only the compressed bytes). Raises CorruptRecordError
+    (CORRUPT_MESSAGE); plain batches cost nothing."""
     view = memoryview(records)
-    for position, header in rb.iter_batches(view, check_crc=False):
+    for position, header in batches:
         if header.compression:
             for _ in rb.iter_records(view[position : position + header.size]):
                 pass  # iter_records raises on a bad payload or a wrong record count
@@ -191,19 +187,20 @@ class LogManager:
     # -- appends ---------------------------------------------------------------------------------
 
     def append_as_leader(self, tp: TopicPartition, records, leader_epoch: int):
-        """A client's batches on the leader: the producer state's verdict first (a
-        RejectedAppend or a DuplicateBatch appends nothing), then the append; the AppendInfo."""
+        """A client's batches on the leader: validated once (as Kafka's LogValidator, before
+        the producer state), then the producer state's verdict (a RejectedAppend or a
+        DuplicateBatch appends nothing), then the append; the AppendInfo."""
         lg, producers = self.logs[tp], self.producer_states[tp]
-        headers = batch_headers(records)
-        check_compressed_batches(records)
-        verdict = producers.state.check_client_append(headers, lg.log_end_offset)
+        batches = lg.validate(records)
+        check_compressed_batches(records, batches)
+        verdict = producers.state.check_client_append([h for _, h in batches], lg.log_end_offset)
         if isinstance(verdict, (RejectedAppend, DuplicateBatch)):
             return verdict
         assert isinstance(verdict, ProducerAppendInfo)
         if lg.config.log_append_time:  # Kafka's LogValidator: the leader's clock, new CRCs
-            records = rb.with_log_append_time(records, self.wall_clock_ms())
+            records, batches = rb.with_log_append_time(records, self.wall_clock_ms()), None
         segment = lg.active_segment.base_offset
-        info = lg.append(records, leader_epoch)
+        info = lg.append(records, leader_epoch, batches)
         producers.state.apply(verdict)
         if lg.active_segment.base_offset != segment:
             self._snapshot(tp)  # Kafka snapshots the producer state at every roll
@@ -242,9 +239,9 @@ class LogManager:
             if len(append.records):
                 lg = self.logs[append.tp]
                 segment = lg.active_segment.base_offset
-                lg.append_as_follower(append.records)
+                info = lg.append_as_follower(append.records)
                 # Followers keep the producer state too (unchecked), so a new leader has it.
-                self.producer_states[append.tp].state.replay(batch_headers(append.records))
+                self.producer_states[append.tp].state.replay(info.headers)
                 if lg.active_segment.base_offset != segment:
                     self._snapshot(append.tp)
         except (UnexpectedAppendOffsetError, CorruptRecordError) as e:

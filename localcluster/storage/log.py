@@ -84,6 +84,7 @@ class AppendInfo:
     max_timestamp: int
     records_count: int
     valid_bytes: int
+    headers: tuple[rb.BatchHeader, ...] = ()  # the appended batches' headers, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,12 +215,15 @@ class Log:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append(self, records, leader_epoch: int) -> AppendInfo:
+    def append(self, records, leader_epoch: int,
+               batches: list[tuple[int, rb.BatchHeader]] | None = None) -> AppendInfo:  # fmt: skip
         """Append a leader's batches (validated first): assign offsets from the log end and
-        stamp `leader_epoch`. Nothing is appended when any batch is invalid."""
+        stamp `leader_epoch`. Nothing is appended when any batch is invalid. `batches`: what
+        `validate` returned for these very records, when the caller validated them already."""
         assert leader_epoch >= 0
         data = memoryview(records)
-        batches = self._validate(data)
+        if batches is None:
+            batches = self.validate(data)
         first = offset = self.log_end_offset
         try:
             if leader_epoch > self.leader_epoch_cache.latest_epoch:
@@ -239,7 +243,7 @@ class Log:
     def append_as_follower(self, records) -> AppendInfo:
         """Append batches copied from the leader, keeping their offsets and epochs."""
         data = memoryview(records)
-        batches = self._validate(data)
+        batches = self.validate(data)
         expected = self.log_end_offset
         for _, header in batches:
             if header.base_offset < expected:
@@ -302,7 +306,9 @@ class Log:
         log.info("log %s appends again (%d bytes free on its filesystem)", self.directory,
                  reservation.free_bytes(self.directory))  # fmt: skip
 
-    def _validate(self, data: memoryview) -> list[tuple[int, rb.BatchHeader]]:
+    def validate(self, data) -> list[tuple[int, rb.BatchHeader]]:
+        """(position, header) of each batch of an append, every check an append makes (CRC,
+        sizes, segment.bytes); raises CorruptRecordError or RecordBatchTooLargeError."""
         if not len(data):
             raise rb.CorruptRecordError("no record batch in the request")
         batches = list(rb.iter_batches(data))
@@ -316,12 +322,14 @@ class Log:
 
     @staticmethod
     def _append_info(first: int, last: int, batches) -> AppendInfo:
+        headers = tuple(h for _, h in batches)
         return AppendInfo(
             first_offset=first,
             last_offset=last,
-            max_timestamp=max(h.max_timestamp for _, h in batches),
-            records_count=sum(h.records_count for _, h in batches),
-            valid_bytes=sum(h.size for _, h in batches),
+            max_timestamp=max(h.max_timestamp for h in headers),
+            records_count=sum(h.records_count for h in headers),
+            valid_bytes=sum(h.size for h in headers),
+            headers=headers,
         )
 
     def _maybe_roll(self, header: rb.BatchHeader, base_offset: int) -> None:

@@ -161,7 +161,7 @@ def test_the_leader_refuses_a_corrupt_or_miscounted_compressed_batch_and_appends
     from localcluster.storage import LogConfig
 
     good = encode_batch(records(), BatchSpec(attributes=compression.codec_id(codec)))
-    check_compressed_batches(good)  # a good one passes
+    check_compressed_batches(good, list(rb.iter_batches(good)))  # a good one passes
     header = validate_batch(good)
     miscounted = rb.encode_raw_batch(payload(good), header.records_count + 1,
                                      BatchSpec(attributes=header.attributes,
