@@ -90,6 +90,8 @@ class ReplicaManager(ReplicaHost):
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
         self._isr_tasks: set[asyncio.Task] = set()
+        self._tick_timer: asyncio.TimerHandle | None = None  # wake_at's one timer
+        self._tick_at_ms = 0
 
     def now_ms(self) -> int:
         return int(asyncio.get_running_loop().time() * 1000)
@@ -128,8 +130,19 @@ class ReplicaManager(ReplicaHost):
             self.fetchers.on_sessions(leaders, abandoned)
 
     def wake_at(self, at_ms: int) -> None:
+        """One timer for the core's deadlines: re-armed only for an earlier one (every parked
+        produce asks for its own; the tick's Ready names the next one still waiting)."""
+        if self._tick_timer is not None and self._tick_at_ms <= at_ms:
+            return
+        if self._tick_timer is not None:
+            self._tick_timer.cancel()
         delay_s = max(at_ms - self.now_ms(), 0) / 1000 + 0.001
-        asyncio.get_running_loop().call_later(delay_s, lambda: self.tick(self.now_ms()))
+        self._tick_at_ms = at_ms
+        self._tick_timer = asyncio.get_running_loop().call_later(delay_s, self._on_tick_timer)
+
+    def _on_tick_timer(self) -> None:
+        self._tick_timer = None
+        self.tick(self.now_ms())
 
     # -- LeaderAndIsr and StopReplica --------------------------------------------------------
 

@@ -70,8 +70,11 @@ class ProducePurgatory:
         return self._complete(waiting, errors.NOT_LEADER_OR_FOLLOWER)
 
     def expire(self, now_ms: int) -> list[tuple[object, int]]:
+        """Time out what is due, and drop answered produces from the heap's top, so that
+        `next_deadline_ms` is a produce still waiting."""
         expired = []
-        while self._deadlines and self._deadlines[0][0] <= now_ms:
+        while self._deadlines and (self._deadlines[0][0] <= now_ms
+                                   or id(self._deadlines[0][2]) in self._done):  # fmt: skip
             _, _, parked = heapq.heappop(self._deadlines)
             if id(parked) in self._done:
                 self._done.discard(id(parked))
@@ -83,6 +86,7 @@ class ProducePurgatory:
         return self._complete(expired, errors.REQUEST_TIMED_OUT, from_heap=True)
 
     def next_deadline_ms(self) -> int | None:
+        """The earliest deadline in the heap (after `expire`: of a produce still waiting)."""
         return self._deadlines[0][0] if self._deadlines else None
 
     def _complete(self, parked: list[ParkedProduce], error: int, from_heap: bool = False):

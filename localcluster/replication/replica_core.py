@@ -367,9 +367,14 @@ class ReplicaCore:
         return self._take()
 
     def expire_produces(self, now_ms: int) -> Ready:
+        """Time out the parked produces whose deadline passed; the Ready's wake-up is the next
+        parked produce's deadline, so a runtime needs one timer, not one per produce."""
         expired = self.purgatory.expire(now_ms)
         if expired:
             self._out().produce_answers.extend(expired)
+        next_deadline_ms = self.purgatory.next_deadline_ms()
+        if next_deadline_ms is not None:
+            self._out().wake_at(next_deadline_ms)
         return self._take()
 
     def _high_watermark_moved(self, hosted: HostedReplica, ready: Ready) -> None:
@@ -490,6 +495,8 @@ class ReplicaCore:
             return EMPTY
         due = [u for t, u in self._isr_retries if t <= now_ms]
         self._isr_retries = [(t, u) for t, u in self._isr_retries if t > now_ms]
+        if self._isr_retries:
+            self._out().wake_at(min(t for t, _ in self._isr_retries))
         for update in due:
             hosted = self.partitions.get((update.topic, update.partition))
             if hosted is not None and hosted.state.pending_isr == update.isr and (

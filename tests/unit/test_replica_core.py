@@ -324,6 +324,17 @@ def test_an_acks_all_produce_waits_for_the_hw_and_completes_when_the_follower_fe
     )
 
 
+def test_expiring_produces_names_the_next_deadline_of_a_produce_still_waiting():
+    # A runtime keeps one timer for all parked produces: each tick's Ready says when the next
+    # one is due, skipping produces already answered.
+    rt = leading(isr=(1, 2), min_insync_replicas=2)
+    rt.produce("p1", 1)  # parked until 1000 (the harness's timeout)
+    rt.produce("p2", 1, now_ms=400)  # parked until 1400
+    rt.step(rt.core.record_follower_fetch(2, [(TP, 1, 1)], 401))  # answers p1 only
+    assert rt.step(rt.core.expire_produces(500)) == "wakeup at 1400"
+    assert rt.step(rt.core.expire_produces(1400)) == "answer p2 REQUEST_TIMED_OUT"
+
+
 def test_a_produce_answered_at_once_and_the_checks_before_an_append():
     rt = leading(isr=(1, 2), min_insync_replicas=2)
     assert rt.produce("p", 1, acks=1) == "wake fetches\nresponse NONE"
@@ -362,7 +373,8 @@ def test_an_isr_write_of_unknown_outcome_is_asked_again_while_it_is_pending():
     rt.step(rt.core.maybe_shrink_isr(101))
     update = rt.isr_writes[-1]
     assert rt.step(rt.core.on_isr_write_unknown(update, 200)) == "wakeup at 700"
-    assert rt.step(rt.core.retry_isr_writes(699)) == ""
+    # not due yet: nothing is written, and the retry's time is named again
+    assert rt.step(rt.core.retry_isr_writes(699)) == "wakeup at 700"
     assert rt.step(rt.core.retry_isr_writes(700)) == expect("""
         state IsrProposed [1, 2] -> [1] at v0
         isr-write [1] at v0""")
