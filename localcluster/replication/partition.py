@@ -181,6 +181,14 @@ class Partition:
         replica = self.replicas.get(replica_id)
         if replica is None:
             return False, None  # not an assigned replica (e.g. removed by reassignment)
+        if (fetch_offset == replica.log_end_offset >= self.log_end_offset
+                and log_start_offset == replica.log_start_offset and replica_id in self.isr):  # fmt: skip
+            # An idle partition of a fetch session (every fetch names them all): a member
+            # still at the leader's end. Only its times move; the HW and the ISR cannot.
+            replica.last_caught_up_time_ms = max(replica.last_caught_up_time_ms, now_ms)
+            replica.last_fetch_leader_log_end_offset = self.log_end_offset
+            replica.last_fetch_time_ms = now_ms
+            return False, None
         if fetch_offset >= self.log_end_offset:
             replica.last_caught_up_time_ms = max(replica.last_caught_up_time_ms, now_ms)
         elif fetch_offset >= replica.last_fetch_leader_log_end_offset:

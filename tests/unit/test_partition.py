@@ -443,3 +443,25 @@ def test_random_sequences_keep_the_invariants(data):
     m.check(hw)
     for _ in range(data.draw(st.integers(1, 60))):
         apply_step(m, data)
+
+
+def test_an_idle_member_at_the_leader_end_only_moves_its_times():
+    # A fetch session names every partition on every fetch: a member that stays at the
+    # leader's end keeps being caught up, and nothing else about the partition changes.
+    p = leader(leo=10, hw=5, now=1_000)
+    p.update_follower_fetch_state(1, 10, now_ms=1_100)
+    p.update_follower_fetch_state(2, 10, now_ms=1_100)
+    assert p.high_watermark == 10
+    before = copy.deepcopy(p)
+    assert p.update_follower_fetch_state(1, 10, now_ms=1_900) == (False, None)
+    replica = p.replicas[1]
+    assert (replica.last_caught_up_time_ms, replica.last_fetch_time_ms) == (1_900, 1_900)
+    assert p.maybe_shrink_isr(1_100 + LAG_MS + 1, LAG_MS).isr == (0, 1)  # 2 lagged, 1 did not
+    assert (p.high_watermark, p.log_end_offset) == (before.high_watermark, before.log_end_offset)
+
+
+def test_a_caught_up_replica_outside_the_isr_is_still_added_when_it_fetches_again():
+    p = leader(isr=(0, 1), leo=10, hw=10, now=1_000)
+    assert p.update_follower_fetch_state(2, 10, now_ms=1_100)[1].isr == (0, 1, 2)
+    p.on_isr_update_failed()  # the write lost: the next fetch at the same offset asks again
+    assert p.update_follower_fetch_state(2, 10, now_ms=1_200)[1].isr == (0, 1, 2)
