@@ -1,0 +1,136 @@
+"""Two source trees' brokers under the same acks=all load, in one run, alternating.
+
+```
+.venv/bin/python -m bench.compare_trees BASE [OTHER]     # OTHER defaults to this checkout
+  --rounds N --records N --partitions N --producers N --idempotence
+```
+
+A change to the broker is judged against the commit before it (issue 17: "no worse than
+before the change, same-run comparison"): check the older commit out beside this one
+(`git worktree add ../base <commit>`) and name it as BASE. Each tree starts its own cluster
+of three brokers with its own CLI (`PYTHONPATH=<tree> python -m localcluster up`, so the
+brokers run that tree's code), a topic of `--partitions` partitions with RF 3 and
+min.insync.replicas=2; both clusters stay up, the idle one costs nothing. The load is this
+checkout's `localcluster perf produce` (our client, 100-byte records, prebuilt ~64 KiB
+batches) against each in turn, in the order A B B A per pair of rounds, so neither side is
+always first after a pause; idempotence is off unless `--idempotence` (a tree from before
+the idempotent producer has no InitProducerId).
+
+Per run: acknowledged records/s, and the three brokers' CPU seconds per record from
+/proc/<pid>/stat (a cost that moves far less with other work on the machine than records/s
+does). Printed: each side's runs and medians and OTHER as a fraction of BASE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import median, print_table
+from localcluster.tools.load import cpu_seconds
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+class TreeCluster:
+    """A cluster of three brokers running one source tree's code."""
+
+    def __init__(self, tree: Path, directory: Path, partitions: int):
+        self.tree, self.directory = tree, directory
+        self.env = {**os.environ, "PYTHONPATH": str(tree), "LOCALCLUSTER_DIR": str(directory)}
+        self._cli("up", "-n", "3", "--detach")
+        self._cli("topic", "create", "t", "--partitions", str(partitions),
+                  "--replication-factor", "3", "--config", "min.insync.replicas=2")  # fmt: skip
+
+    def _cli(self, *args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "localcluster", *args], env=self.env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"localcluster {' '.join(args)} in {self.tree} failed:\n{done.stderr}")
+        return done.stdout
+
+    def broker_pids(self) -> list[int]:
+        return [int((d / "broker.pid").read_text()) for d in sorted(self.directory.glob("broker-*"))
+                if (d / "broker.pid").exists()]  # fmt: skip
+
+    def produce(self, records: int, idempotence: bool) -> dict:
+        """One timed run of this checkout's load: records/s and broker CPU µs per record."""
+        pids = self.broker_pids()
+        before = [cpu_seconds(p) or 0.0 for p in pids]
+        env = {**os.environ, "PYTHONPATH": str(HERE), "LOCALCLUSTER_DIR": str(self.directory)}
+        done = subprocess.run([sys.executable, "-m", "localcluster", "perf", "produce", "--topic", "t",
+                               "--num-records", str(records), "--record-size", "100", "--json",
+                               "--producer-config", f"enable.idempotence={str(idempotence).lower()}"],
+                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        cpu = sum((cpu_seconds(p) or 0.0) - b for p, b in zip(pids, before, strict=True))
+        if done.returncode != 0:
+            raise SystemExit(f"perf produce against {self.tree} failed:\n{done.stderr}")
+        result = json.loads(done.stdout)
+        acked = result["records_acked"]
+        return {"records_per_s": result["records_per_s"], "errors": result["errors"],
+                "p99_ms": result["latency_ms"]["p99"],
+                "broker_cpu_us_per_record": cpu / acked * 1e6 if acked else None}  # fmt: skip
+
+    def stop(self) -> None:
+        try:
+            self._cli("down", "--purge")
+        except (SystemExit, subprocess.TimeoutExpired) as e:
+            print(f"stopping the cluster of {self.tree}: {e}; killing its brokers", file=sys.stderr)
+            for pid in self.broker_pids():
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("base", type=Path, help="the tree to compare against (e.g. a worktree)")
+    parser.add_argument("other", type=Path, nargs="?", default=HERE, help="default: this checkout")
+    parser.add_argument("--rounds", type=int, default=4, help="runs per side (even: A B B A ...)")
+    parser.add_argument("--records", type=int, default=1_500_000, help="records per run")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--idempotence", action="store_true", help="the load is idempotent")
+    args = parser.parse_args(argv)
+    trees = {"base": args.base.resolve(), "other": args.other.resolve()}
+    for name, tree in trees.items():
+        if not (tree / "localcluster" / "broker").is_dir():
+            parser.error(f"{name} {tree} is not a localcluster source tree")
+    runs: dict[str, list[dict]] = {"base": [], "other": []}
+    with tempfile.TemporaryDirectory(prefix="compare-trees-") as tmp:
+        clusters = {}
+        try:
+            for name, tree in trees.items():
+                clusters[name] = TreeCluster(tree, Path(tmp) / name, args.partitions)
+                clusters[name].produce(args.records // 4, args.idempotence)  # warm-up
+            order = ["base", "other", "other", "base"]
+            for i in range(args.rounds * 2):
+                name = order[i % 4]
+                runs[name].append(clusters[name].produce(args.records, args.idempotence))
+                print(f"{name}: {runs[name][-1]}", file=sys.stderr)
+        finally:
+            for cluster in clusters.values():
+                cluster.stop()
+    rows, medians = [], {}
+    for name in ("base", "other"):
+        rate = median([r["records_per_s"] for r in runs[name]])
+        cpu = median([r["broker_cpu_us_per_record"] for r in runs[name]])
+        medians[name] = (rate, cpu)
+        rows.append([f"{name} ({trees[name]})", " / ".join(f"{r['records_per_s'] / 1e3:.0f}k" for r in runs[name]),
+                     f"{rate:,.0f}", f"{cpu:.2f}", str(sum(r["errors"] for r in runs[name]))])  # fmt: skip
+    print_table("acks=all RF 3, 100-byte records, same run", ["tree", "runs (records/s)",
+                "median records/s", "median broker CPU µs/record", "errors"], rows)  # fmt: skip
+    (base_rate, base_cpu), (other_rate, other_cpu) = medians["base"], medians["other"]
+    print(f"other / base: records/s {other_rate / base_rate:.3f}, "
+          f"broker CPU per record {other_cpu / base_cpu:.3f}")  # fmt: skip
+    print(json.dumps({"trees": {k: str(v) for k, v in trees.items()}, "runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
