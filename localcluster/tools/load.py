@@ -299,6 +299,9 @@ async def _run_own(job: Job, ready, report) -> dict:
         if job.cluster_dir
         else {"bootstrap_servers": job.bootstrap}
     )
+    from localcluster.metrics import loop_probe
+
+    probe = loop_probe.start_from_env("load")  # opt-in: LOCALCLUSTER_LOOP_PROBE
     async with AsyncProducer(config, acks=job.acks, **where) as producer:
         warmup = build_batch(1, job.record_size)
         # Connect to every leader before the clock starts: one record per partition, all in
@@ -332,6 +335,8 @@ async def _run_own(job: Job, ready, report) -> dict:
                 next_report = now + PROGRESS_EVERY_S
         await producer.flush(60)
         cpu_s = own_cpu_seconds() - cpu0
+    if probe is not None:
+        probe.stop()
     return {"start": start, "last_ack": state["last"], "acked": state["acked"],
             "sent": sent_records, "errors": state["errors"], "first_error": state["first_error"],
             "cpu_s": cpu_s, "batch_records": batch_records, "warmup_records": len(job.partitions),
