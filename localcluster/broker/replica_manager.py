@@ -91,13 +91,14 @@ class ReplicaManager(ReplicaHost):
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
         self._isr_tasks: set[asyncio.Task] = set()
-        # The periodic high-watermark checkpoint is written (write, fsync, rename, fsync the
-        # directory) on this thread: on the shared machine's disk fsync blocked 20-60 ms, which
-        # on the event loop stalled every request of the broker every 5 s.
+        # The periodic checkpoints are written (write, fsync, rename, fsync the directory) on
+        # this thread: on the shared machine's disk one write blocked 20-60 ms, which on the
+        # event loop stalled every request of the broker (the HW checkpoint: every 5 s).
         self._checkpoints = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="hw-checkpoint"
         )
         self._hw_checkpoint: concurrent.futures.Future | None = None
+        self._recovery_checkpoint: concurrent.futures.Future | None = None
 
     def now_ms(self) -> int:
         return int(asyncio.get_running_loop().time() * 1000)
@@ -113,13 +114,24 @@ class ReplicaManager(ReplicaHost):
     def checkpoint_high_watermarks(self) -> None:
         """The periodic job: the values now (a copy, taken on the loop), written on the
         checkpoint thread. At most one write at a time: while one is still running the round is
-        skipped, and the next one writes newer values (one thread keeps them in order)."""
+        skipped, and the next one writes newer values (LogManager keeps the newest on disk)."""
         if self._hw_checkpoint is not None and not self._hw_checkpoint.done():
             return
         high_watermarks = dict(self.core.checkpoint_high_watermarks())
         self._hw_checkpoint = self._checkpoints.submit(self.log_manager.write_high_watermarks,
-                                                       high_watermarks)  # fmt: skip
+                                                       high_watermarks,
+                                                       self.log_manager.checkpoint_taken())  # fmt: skip
         self._hw_checkpoint.add_done_callback(_report_checkpoint_failure)
+
+    def checkpoint_recovery_points(self) -> None:
+        """The same for the recovery-point and log-start-offset checkpoints: the logs are
+        flushed and the values taken on the loop, the two files written on the thread."""
+        if self._recovery_checkpoint is not None and not self._recovery_checkpoint.done():
+            return
+        self._recovery_checkpoint = self._checkpoints.submit(
+            self.log_manager.write_recovery_points, *self.log_manager.recovery_points()
+        )
+        self._recovery_checkpoint.add_done_callback(_report_checkpoint_failure)
 
     def close(self) -> None:
         """A write in progress ends first; then the final checkpoints, on this thread."""
@@ -297,4 +309,4 @@ class ReplicaManager(ReplicaHost):
 def _report_checkpoint_failure(future: concurrent.futures.Future) -> None:
     error = future.exception()
     if error is not None:
-        log.error("high watermark checkpoint failed (the next round retries): %s", error)
+        log.error("periodic checkpoint failed (the next round retries): %s", error)
