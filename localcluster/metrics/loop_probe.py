@@ -3,7 +3,8 @@
 Set `LOCALCLUSTER_LOOP_PROBE=<directory>` and every broker (and every `bench.load` / `perf
 produce` load process) started with it writes `<directory>/<label>-<pid>.json` once a second
 (write a temp file, rename: a process killed with SIGKILL leaves its last second), appends each
-stall to `<label>-<pid>.stalls.jsonl` and logs it as one WARNING line. Unset, nothing is imported or started.
+stall to `<label>-<pid>.stalls.jsonl` (both from the watchdog thread, never the loop) and logs it
+as one WARNING line. Unset, nothing is imported or started.
 
 How: a timer every `interval_ms` records how late it fired into a log-linear histogram. A tick
 later than `stall_ms` is a stall, and its interval is split with counters that do not depend on
@@ -182,6 +183,7 @@ class LoopProbe:
         self.cpu_ns = self.run_queue_ns = 0  # the loop thread's, since start
         self.started = 0.0
         self._stall_file = None
+        self._unwritten: collections.deque[dict] = collections.deque(maxlen=MAX_STALLS)
 
     # -- life ---------------------------------------------------------------------------------
 
@@ -210,12 +212,14 @@ class LoopProbe:
             gc.callbacks.remove(self._on_gc)
         if self._watchdog is not None:
             self._watchdog.join(1)
-        self.dump()
+        self._next_dump = 0.0
+        self._write_out()
         if self._sched is not None:
             self._sched.close()
         if self._stall_file is not None:
             self._stall_file.close()
             self._stall_file = None
+        self._unwritten: collections.deque[dict] = collections.deque(maxlen=MAX_STALLS)
 
     # -- the loop thread ----------------------------------------------------------------------
 
@@ -235,9 +239,6 @@ class LoopProbe:
         self._previous = (now, cpu_ns, queue_ns, process_ns)
         self._gc_in_interval, self._gc_count_in_interval = 0.0, 0
         self._tick_seen += 1
-        if now >= self._next_dump:
-            self._next_dump = now + DUMP_EVERY_S
-            self.dump()
         self._schedule(now)
 
     def _record_stall(self, now: float, late: float, cpu_ns: int, queue_ns: int,
@@ -259,7 +260,7 @@ class LoopProbe:
                  "gc_ms": round(self._gc_in_interval * 1000, 2),
                  "gc_count": self._gc_count_in_interval, "stacks": stacks}  # fmt: skip
         self.stalls.append(stall)
-        self._write_stall(stall)
+        self._unwritten.append(stall)  # the watchdog thread writes it: no file I/O on the loop
         t = self.totals
         t["stalls"] += 1
         t["stalled_ms"] += late * 1000
@@ -289,6 +290,7 @@ class LoopProbe:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.stall_s / 2):
+            self._write_out()
             if time.monotonic() - self._due < self.stall_s:
                 continue
             frame = sys._current_frames().get(self._loop_thread_id)
@@ -314,6 +316,16 @@ class LoopProbe:
                     "by_generation": list(self.gc_by_generation)},
                 "totals": {k: round(v, 2) for k, v in self.totals.items()},
                 "lag_histogram_us": self.lag.sparse()}  # fmt: skip
+
+    def _write_out(self) -> None:
+        """On the watchdog thread: new stalls, and the summary once a second (a file write can
+        block on a busy disk, which on the loop would itself be a stall)."""
+        while self._unwritten:
+            self._write_stall(self._unwritten.popleft())
+        now = time.monotonic()
+        if now >= self._next_dump:
+            self._next_dump = now + DUMP_EVERY_S
+            self.dump()
 
     def _write_stall(self, stall: dict) -> None:
         if self.path is None:
