@@ -133,6 +133,33 @@ class _SchedStat:
             self._fd = None
 
 
+def _threads_schedstat() -> dict[str, tuple[int, int]]:
+    """Every thread of the process: name -> (on-CPU ns, run-queue ns). Read only while a stall
+    lasts (the watchdog, when it sees one) and when it ends, to tell which threads ran or waited
+    for a core meanwhile: a thread preempted while it holds the GIL leaves the loop `blocked`."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+        except OSError:
+            continue
+        out[names.get(int(tid), f"tid {tid}")] = (int(fields[0]), int(fields[1]))
+    return out
+
+
+def _thread_deltas(before: dict, after: dict) -> dict[str, dict]:
+    """{name: {"cpu_ms", "run_queue_ms"}} of the threads that ran or waited between the two."""
+    out = {}
+    for name, (cpu, queue) in after.items():
+        cpu0, queue0 = before.get(name, (cpu, queue))
+        if cpu > cpu0 or queue > queue0:
+            out[name] = {"cpu_ms": round((cpu - cpu0) / 1e6, 2),
+                         "run_queue_ms": round((queue - queue0) / 1e6, 2)}  # fmt: skip
+    return out
+
+
 def probe_directory() -> Path | None:
     value = os.environ.get(ENV)
     return Path(value) if value else None
@@ -174,6 +201,7 @@ class LoopProbe:
         self._tick_seen = 0  # ticks run; the watchdog's stacks belong to the tick not yet run
         self._stacks: collections.Counter[str] = collections.Counter()
         self._stacks_tick = -1
+        self._threads_at_detection: dict[str, tuple[int, int]] = {}
         self._gc_started = 0.0
         self._gc_in_interval = 0.0
         self._gc_count_in_interval = 0
@@ -251,14 +279,17 @@ class LoopProbe:
         # held by another thread of the process (their CPU meanwhile is `threads_cpu_ms`).
         blocked = max(interval - self.interval_s - cpu - queue, 0.0)
         threads_cpu = max((process_ns - process0) / 1e9 - cpu, 0.0)
-        stacks = dict(self._stacks) if self._stacks_tick == self._tick_seen else {}
+        seen = self._stacks_tick == self._tick_seen
+        stacks = dict(self._stacks) if seen else {}
+        threads = _thread_deltas(self._threads_at_detection, _threads_schedstat()) if seen else {}
         stall = {"at_s": round(then - self.started, 4), "wall_time": time.time() - interval,
                  "late_ms": round(late * 1000, 2), "interval_ms": round(interval * 1000, 2),
                  "cpu_ms": round(cpu * 1000, 2), "run_queue_ms": round(queue * 1000, 2),
                  "blocked_ms": round(blocked * 1000, 2),
                  "threads_cpu_ms": round(threads_cpu * 1000, 2),
                  "gc_ms": round(self._gc_in_interval * 1000, 2),
-                 "gc_count": self._gc_count_in_interval, "stacks": stacks}  # fmt: skip
+                 "gc_count": self._gc_count_in_interval, "stacks": stacks,
+                 "threads": threads}  # fmt: skip
         self.stalls.append(stall)
         self._unwritten.append(stall)  # the watchdog thread writes it: no file I/O on the loop
         t = self.totals
@@ -301,6 +332,7 @@ class LoopProbe:
             del frame
             if self._stacks_tick != self._tick_seen:
                 self._stacks = collections.Counter()
+                self._threads_at_detection = _threads_schedstat()
                 self._stacks_tick = self._tick_seen
             if text in self._stacks or len(self._stacks) < MAX_STACKS:
                 self._stacks[text] += 1

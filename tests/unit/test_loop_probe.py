@@ -66,6 +66,7 @@ def test_a_long_callback_is_a_stall_on_the_loop_threads_cpu_with_its_stack(tmp_p
     stall = asyncio.run(run_until_stall(probe, lambda: spin_cpu(0.2)))
     assert stall["cpu_ms"] >= 180  # the spin's 200 ms of CPU, in the stalled interval
     assert any("spin_cpu" in stack for stack in stall["stacks"])
+    assert stall["threads"]["MainThread"]["cpu_ms"] > 0  # from the watchdog's look to the end
     figures = json.loads((tmp_path / "p.json").read_text())
     assert figures["lag"]["count"] >= 1 and figures["totals"]["stalls"] >= 1
     lines = (tmp_path / "p.stalls.jsonl").read_text().splitlines()
