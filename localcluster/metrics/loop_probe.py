@@ -14,7 +14,9 @@ the time it slept beyond the timer's own wait although due (`blocked`: a blockin
 the GIL held by another thread of the process, whose CPU meanwhile is `threads_cpu`), and the
 garbage collections that ran (`gc.callbacks`, any thread). A watchdog thread looks at the loop
 thread's stack while a stall lasts (it needs the GIL for that, so a C call that keeps the GIL is
-seen right after it returns), and the stall keeps the stacks it saw.
+seen right after it returns), and the stall keeps the stacks it saw and, from per-thread
+schedstat read only while it lasts, the process's other threads that ran or waited for a core
+meanwhile (a GIL holder that the kernel preempted leaves the loop `blocked`).
 
 Bounds: the histograms are fixed-size; MAX_STALLS stalls are kept in memory (the latest), each
 with at most MAX_STACKS distinct stacks. Cost: one timer callback, one /proc read per tick and the
