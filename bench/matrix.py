@@ -45,6 +45,7 @@ CURVE_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 CURVE_CELL = {"acks": "all", "replication_factor": 3, "record_size": 100, "partitions": 6}
 FILESYSTEMS = {"shm": "/dev/shm", "disk": "/var/tmp"}
 GOAL_IDEMPOTENT_RATIO = 0.95
+DELETE_WAIT_S = 60.0  # a cell's topic is gone before the next cell starts
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,14 @@ def idempotence_ratios(results: list[dict]) -> list[dict]:
     return out
 
 
-def delete_topic(cluster: Cluster, topic: str) -> None:
-    """Ask the controller to delete the topic (our brokers have no DeleteTopics API); its logs
-    go while the next cell runs."""
+def delete_topic(cluster: Cluster, topic: str, wait_s: float = 0.0) -> None:
+    """Ask the controller to delete the topic (our brokers have no DeleteTopics API); with
+    `wait_s`, wait until its znodes are gone (the controller removes them once every replica
+    deleted its log), so that the next cell does not run beside the deletion."""
     cluster.zk().request_topic_deletion(topic)
+    if wait_s:
+        cluster.wait_until(lambda: topic not in cluster.zk().topics(), wait_s,
+                           f"{topic} deleted", 0.05)  # fmt: skip
 
 
 class Topics:
@@ -149,7 +154,10 @@ def measure_cell(pool: LoadPool, cluster: Cluster, topics: Topics, cell: dict, s
         )
     finally:
         if not keep:
-            delete_topic(cluster, topic)
+            # Until Dec 2026 the logs went while the next cell ran: each curve point measured
+            # the deletion of the previous point's topic, whose brokers then freed its pages on
+            # their event loops (bench/README.md, "Stalls on the commit path").
+            delete_topic(cluster, topic, wait_s=DELETE_WAIT_S)
     for worker in result.pop("workers"):
         result.setdefault("load_errors", []).append(worker.get("first_error"))
     result["replication_factor"] = cell["replication_factor"]

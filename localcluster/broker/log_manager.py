@@ -15,7 +15,9 @@ snapshotted at a segment roll and a clean close. Time for it is wall-clock milli
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -84,6 +86,10 @@ class LogManager:
         self.topic_configs: dict[TopicPartition, TopicConfig] = {}  # the log cleaner reads them
         # beside the logs (Kafka keeps it in each log dir): lost with them, never stale
         self.cleaner_checkpoints = CleanerCheckpoints(data_dir / CLEANER_OFFSET_CHECKPOINT)
+        # The checkpoint files' writes (`_write_offsets`): one at a time, newest values last.
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_clock = itertools.count()
+        self._checkpoint_written: dict[str, int] = {}
 
     def _open_producer_state(self, tp: TopicPartition, lg: Log) -> None:
         self.producer_states[tp] = ProducerStateManager.open(
@@ -136,22 +142,46 @@ class LogManager:
 
     # -- checkpoints -----------------------------------------------------------------------------
 
-    def write_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
-        write_partition_offsets(self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT,
-                                high_watermarks)  # fmt: skip
+    def write_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int],
+                              taken: int | None = None) -> None:  # fmt: skip
+        self._write_offsets(REPLICATION_OFFSET_CHECKPOINT, high_watermarks, taken)
 
     def checkpoint_recovery_points(self) -> None:
         """Flush every log, then record how far each is on disk (and where each starts)."""
+        self.write_recovery_points(*self.recovery_points())
+
+    def recovery_points(self) -> tuple[dict, dict, int]:
+        """Flush every log: (recovery points, log start offsets, when taken), for
+        `write_recovery_points`, which may run on another thread."""
         points = {tp: lg.flush() for tp, lg in self.logs.items()}
-        write_partition_offsets(self.checkpoint_dir / RECOVERY_POINT_OFFSET_CHECKPOINT, points)
-        self.checkpoint_log_start_offsets()
+        starts = {tp: lg.log_start_offset for tp, lg in self.logs.items()}
+        return points, starts, self.checkpoint_taken()
+
+    def write_recovery_points(self, points: Mapping, starts: Mapping, taken: int) -> None:
+        self._write_offsets(RECOVERY_POINT_OFFSET_CHECKPOINT, points, taken)
+        self._write_offsets(LOG_START_OFFSET_CHECKPOINT, starts, taken)
 
     def checkpoint_log_start_offsets(self) -> None:
         """Kafka's log-start-offset-checkpoint. Written at once whenever DeleteRecords moves
         a start (not only by the periodic checkpoint, as Kafka): a kill -9 right after the
         answer must not bring the deleted records back."""
-        write_partition_offsets(self.checkpoint_dir / LOG_START_OFFSET_CHECKPOINT,
-                                {tp: lg.log_start_offset for tp, lg in self.logs.items()})  # fmt: skip
+        self._write_offsets(LOG_START_OFFSET_CHECKPOINT,
+                            {tp: lg.log_start_offset for tp, lg in self.logs.items()})  # fmt: skip
+
+    def checkpoint_taken(self) -> int:
+        """A number that orders checkpoint values by when they were taken (on the loop)."""
+        return next(self._checkpoint_clock)
+
+    def _write_offsets(self, name: str, offsets: Mapping, taken: int | None = None) -> None:
+        """Write a checkpoint file unless values taken later are in it already: the runtime
+        writes the periodic checkpoints on a thread of its own, and a write of older values
+        must neither race a newer one for the temp file nor land after it."""
+        taken = self.checkpoint_taken() if taken is None else taken
+        with self._checkpoint_lock:
+            if taken < self._checkpoint_written.get(name, -1):
+                return
+            write_partition_offsets(self.checkpoint_dir / name, offsets)
+            self._checkpoint_written[name] = taken
 
     def close(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
         """A clean shutdown: flush, both checkpoints, close every log."""

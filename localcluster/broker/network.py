@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 MIN_FRAME_BYTES = 8  # api_key, api_version, correlation_id: a request header's fixed part
+SENDFILE_CHUNK_BYTES = 1 << 20  # per sendfile call; a steady-state answer (~64 KiB) is one
 
 ANONYMOUS = "User:ANONYMOUS"
 UNIX_LISTENER = "UNIX"
@@ -116,10 +117,13 @@ async def send_parts(loop, sock: socket.socket, parts: list) -> None:
 
 
 async def sendfile(loop, sock: socket.socket, fd: int, offset: int, count: int) -> None:
+    """Send `count` bytes of `fd` from `offset`. At most SENDFILE_CHUNK_BYTES per call, and the
+    loop runs other work between chunks: while a reader keeps up, one sendfile of a follower's
+    catch-up answer (up to 32 MiB) kept the loop 10-15 ms (bench/README.md, issue 19's stalls)."""
     out = sock.fileno()
     while count:
         try:
-            n = os.sendfile(out, fd, offset, count)
+            n = os.sendfile(out, fd, offset, min(count, SENDFILE_CHUNK_BYTES))
         except BlockingIOError:
             await _writable(loop, out)
             continue
@@ -127,6 +131,8 @@ async def sendfile(loop, sock: socket.socket, fd: int, offset: int, count: int) 
             raise ConnectionError(f"segment file ended {count} bytes early (truncated meanwhile)")
         offset += n
         count -= n
+        if count:
+            await asyncio.sleep(0)
 
 
 async def _writable(loop, fd: int) -> None:

@@ -212,7 +212,7 @@ class ReplicaHost:
                  self.checkpoint_high_watermarks),
                 # Kafka's recovery-point checkpoint: the HW has its own job above
                 (config.log_flush_offset_checkpoint_interval_ms,
-                 self.log_manager.checkpoint_recovery_points),
+                 self.checkpoint_recovery_points),
                 (self.core.config.isr_shrink_interval_ms, self.maybe_shrink_isr),
                 (config.log_retention_check_interval_ms, self.check_retention)]  # fmt: skip
 
@@ -246,6 +246,9 @@ class ReplicaHost:
 
     def checkpoint_high_watermarks(self) -> None:
         self.log_manager.write_high_watermarks(self.core.checkpoint_high_watermarks())
+
+    def checkpoint_recovery_points(self) -> None:
+        self.log_manager.checkpoint_recovery_points()
 
     def close(self) -> None:
         """A clean shutdown: flush, both checkpoints, close every log."""

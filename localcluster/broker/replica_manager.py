@@ -16,6 +16,7 @@ writes, and the wire types. Its loop is always the same: event (a request, an an
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -92,6 +93,14 @@ class ReplicaManager(ReplicaHost):
         self._isr_tasks: set[asyncio.Task] = set()
         self._tick_timer: asyncio.TimerHandle | None = None  # wake_at's one timer
         self._tick_at_ms = 0
+        # The periodic checkpoints are written (write, fsync, rename, fsync the directory) on
+        # this thread: on the shared machine's disk one write blocked 20-60 ms, which on the
+        # event loop stalled every request of the broker (the HW checkpoint: every 5 s).
+        self._checkpoints = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="hw-checkpoint"
+        )
+        self._hw_checkpoint: concurrent.futures.Future | None = None
+        self._recovery_checkpoint: concurrent.futures.Future | None = None
 
     def now_ms(self) -> int:
         return int(asyncio.get_running_loop().time() * 1000)
@@ -103,6 +112,33 @@ class ReplicaManager(ReplicaHost):
         return log_config(
             config or self.broker_topic_defaults, self.config.log_index_size_max_bytes
         )
+
+    def checkpoint_high_watermarks(self) -> None:
+        """The periodic job: the values now (a copy, taken on the loop), written on the
+        checkpoint thread. At most one write at a time: while one is still running the round is
+        skipped, and the next one writes newer values (LogManager keeps the newest on disk)."""
+        if self._hw_checkpoint is not None and not self._hw_checkpoint.done():
+            return
+        high_watermarks = dict(self.core.checkpoint_high_watermarks())
+        self._hw_checkpoint = self._checkpoints.submit(self.log_manager.write_high_watermarks,
+                                                       high_watermarks,
+                                                       self.log_manager.checkpoint_taken())  # fmt: skip
+        self._hw_checkpoint.add_done_callback(_report_checkpoint_failure)
+
+    def checkpoint_recovery_points(self) -> None:
+        """The same for the recovery-point and log-start-offset checkpoints: the logs are
+        flushed and the values taken on the loop, the two files written on the thread."""
+        if self._recovery_checkpoint is not None and not self._recovery_checkpoint.done():
+            return
+        self._recovery_checkpoint = self._checkpoints.submit(
+            self.log_manager.write_recovery_points, *self.log_manager.recovery_points()
+        )
+        self._recovery_checkpoint.add_done_callback(_report_checkpoint_failure)
+
+    def close(self) -> None:
+        """A write in progress ends first; then the final checkpoints, on this thread."""
+        self._checkpoints.shutdown(wait=True)
+        super().close()
 
     def publish_replicas(self) -> None:
         """Put every hosted replica's offsets on the metrics board (for `status`)."""
@@ -281,3 +317,9 @@ class ReplicaManager(ReplicaHost):
                              leader_epoch: int) -> tuple[int, int, int]:  # fmt: skip
         """OffsetForLeaderEpoch: (error code, epoch, end offset), answered by the leader."""
         return self.core.end_offset_for_epoch(tp, current_leader_epoch, leader_epoch)
+
+
+def _report_checkpoint_failure(future: concurrent.futures.Future) -> None:
+    error = future.exception()
+    if error is not None:
+        log.error("periodic checkpoint failed (the next round retries): %s", error)

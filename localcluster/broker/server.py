@@ -68,7 +68,7 @@ from localcluster.client.connection import ClientSecurity
 from localcluster.controller.controller import KafkaController
 from localcluster.coord import SessionExpiredError, paths
 from localcluster.metadata_types import BrokerRegistration, EndPoint
-from localcluster.metrics import MetricsBoard
+from localcluster.metrics import MetricsBoard, loop_probe
 from localcluster.protocol.incremental_fetch import FetchSessionCache
 from localcluster.tasks import cancel_and_wait
 
@@ -171,6 +171,7 @@ class BrokerServer:
         self._listeners: list[Listener] = []
         self.controller: KafkaController | None = None
         self.log_cleaner: LogCleaner | None = None
+        self.loop_probe: loop_probe.LoopProbe | None = None
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -292,6 +293,7 @@ class BrokerServer:
         # them, and run it less often (its full passes show up as produce latency spikes).
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD_0, 50, 100)
+        self.loop_probe = loop_probe.start_from_env(f"broker-{c.broker_id}")  # opt-in
         first = endpoints[0]
         log.info("broker %d ready: listeners %s, unix %s, logs in %s, store %s", c.broker_id,
                  ", ".join(map(str, endpoints)), self.socket_path, self.data_dir,
@@ -399,4 +401,6 @@ class BrokerServer:
         if getattr(self, "coord", None) is not None:
             self.coord.stop()
         (self.broker_dir / "broker.pid").unlink(missing_ok=True)
+        if self.loop_probe is not None:
+            self.loop_probe.stop()
         log.info("broker %d stopped cleanly", self.config.broker_id)

@@ -60,6 +60,10 @@ HISTOGRAM_MAX_US = 3_600_000_000  # one hour: anything longer is clamped (and th
 START_DELAY_S = 0.1  # from "every process is ready" to the agreed start (the queue's trip)
 PROGRESS_EVERY_S = 0.1
 MB = 1_000_000  # rates are in decimal MB/s, as `dd` and most tools print them
+# librdkafka's poll() takes whole milliseconds: a paced wait shorter than that was poll(0) in a
+# loop, a busy wait that took 0.3 cores per load process at 16k records/s on the 2-core box
+# (the brokers' cores: the confluent curve's p50 was 35-85 ms at 25-75% load).
+POLL_MIN_S = 0.001
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -299,6 +303,9 @@ async def _run_own(job: Job, ready, report) -> dict:
         if job.cluster_dir
         else {"bootstrap_servers": job.bootstrap}
     )
+    from localcluster.metrics import loop_probe
+
+    probe = loop_probe.start_from_env("load")  # opt-in: LOCALCLUSTER_LOOP_PROBE
     async with AsyncProducer(config, acks=job.acks, **where) as producer:
         warmup = build_batch(1, job.record_size)
         # Connect to every leader before the clock starts: one record per partition, all in
@@ -332,10 +339,19 @@ async def _run_own(job: Job, ready, report) -> dict:
                 next_report = now + PROGRESS_EVERY_S
         await producer.flush(60)
         cpu_s = own_cpu_seconds() - cpu0
+    if probe is not None:
+        probe.stop()
     return {"start": start, "last_ack": state["last"], "acked": state["acked"],
             "sent": sent_records, "errors": state["errors"], "first_error": state["first_error"],
             "cpu_s": cpu_s, "batch_records": batch_records, "warmup_records": len(job.partitions),
             "histogram": hist.encode()}  # fmt: skip
+
+
+def pacing_wait_s(due: float, now: float) -> float:
+    """How long a paced librdkafka load polls before the next record is due: at least a
+    millisecond (records due meanwhile go out together; each one's latency still counts from
+    its own due time), never a poll(0) spin."""
+    return max(due - now, POLL_MIN_S)
 
 
 def _run_confluent(job: Job, ready, report) -> dict:
@@ -373,7 +389,7 @@ def _run_confluent(job: Job, ready, report) -> dict:
     while sent < records and (now := time.monotonic()) < schedule.stop:
         due = schedule.due(sent, now)
         while (now := time.monotonic()) < due:
-            poll(due - now)  # serve callbacks while pacing (poll returns early when it served one)
+            poll(pacing_wait_s(due, now))  # serve callbacks while pacing (returns early then)
         due = schedule.latency_start(due)
         while True:
             try:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from localcluster.broker.network import MIN_FRAME_BYTES, FrameError, read_frame, send_parts
+from localcluster.broker import network
+from localcluster.broker.network import (
+    MIN_FRAME_BYTES,
+    SENDFILE_CHUNK_BYTES,
+    FrameError,
+    read_frame,
+    send_parts,
+)
 
 
 def run(coroutine_function, *args):
@@ -156,3 +163,37 @@ def test_a_slice_past_the_end_of_its_file_is_a_connection_error(pair, tmp_path):
 
 async def _send(sock, parts):
     await send_parts(asyncio.get_running_loop(), sock, parts)
+
+
+def test_a_large_slice_lets_the_loop_run_other_work_between_chunks(pair, tmp_path, monkeypatch):
+    """A follower's catch-up answer of many MiB is sent a chunk at a time: a callback due
+    meanwhile runs before the last chunk leaves, even when the socket never fills (here a
+    sendfile that always takes everything it is given)."""
+    server, _ = pair
+    size = 4 * SENDFILE_CHUNK_BYTES
+    path = tmp_path / "segment.log"
+    content = os.urandom(size)
+    path.write_bytes(content)
+    out, calls = bytearray(), []
+
+    def sendfile_taking_all(out_fd, in_fd, offset, count):
+        calls.append(count)
+        out.extend(os.pread(in_fd, count, offset))
+        return count
+
+    monkeypatch.setattr(network.os, "sendfile", sendfile_taking_all)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+
+        async def scenario():
+            loop = asyncio.get_running_loop()
+            ran = []
+            sending = loop.create_task(network.sendfile(loop, server, fd, 0, size))
+            loop.call_soon(lambda: ran.append(sending.done()))
+            await sending
+            return ran
+
+        assert run(scenario) == [False]  # the callback ran while the send was still going
+        assert calls == [SENDFILE_CHUNK_BYTES] * 4 and bytes(out) == content
+    finally:
+        os.close(fd)
