@@ -17,7 +17,9 @@ append's offsets, an ISR write's outcome, a leader's answer) as the next step:
 7. `fetch_sessions`: leaders whose fetch session may send now: poll them (a runtime starts a
    fetcher for a new one); `abandoned`: leaders whose request in flight the core gave up on
    (hang up, so a long poll does not hold the session back). `requests`: what a poll plans.
-8. `wakeup_at_ms`: call `tick` no later than this (a produce's deadline, an ISR retry).
+8. `wakeup_at_ms`: call `tick` no later than this (a produce's deadline, an ISR retry). A
+   tick's own Ready names the next deadline still waiting, so one timer, re-armed only for an
+   earlier time, serves them all.
 9. `response`: the answer to the request this step handled (LeaderAndIsr, StopReplica,
    a produce answered at once).
 """
