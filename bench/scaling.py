@@ -373,8 +373,9 @@ def controller_curve(scale: Scale, profiles: Profiles, say, skipped: list[dict])
     for count in scale.controller_partitions:
         if count not in fitting:
             reason = (f"not run: each broker would need about {descriptors_needed(count, CONTROLLER_BROKERS):,} open "
-                      f"files and RLIMIT_NOFILE is {limit:,} (with 20,000, 10,000 partitions stopped every broker at "
-                      "4,990 replicas: it then closed every new connection unanswered)")  # fmt: skip
+                      f"files and RLIMIT_NOFILE is {limit:,} (at 4 files per replica and a limit of 20,000, "
+                      "10,000 partitions stopped every broker at 4,990 replicas: it then closed every new "
+                      "connection unanswered)")  # fmt: skip
             say(f"  {count} partitions on {CONTROLLER_BROKERS} brokers: {reason}")
             skipped.append({"partitions": count, "brokers": CONTROLLER_BROKERS, "skipped": reason})
             continue
@@ -559,10 +560,16 @@ def counts(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(n) for n in text.split(",")) if text else None
 
 
-def descriptors_needed(partitions: int, brokers: int) -> int:
-    """Open files a broker needs for its share of `partitions` RF 3 replicas: 4 per replica (the
-    segment, its two indexes and one more, counted in /proc/<pid>/fd) and room for the rest."""
-    return 4 * -(-partitions * REPLICATION_FACTOR // brokers) + 1000
+def descriptors_needed(partitions: int, brokers: int, per_map: int | None = None) -> int:
+    """Open files a broker needs for its share of `partitions` RF 3 replicas, and room for the
+    rest: per replica its segment file, plus a copy per memory map (the segment's and its two
+    indexes') where this Python's maps keep one (storage/file_map.py; 4 in all before it, as
+    counted in /proc/<pid>/fd: 10,000 partitions then needed 24,000 per broker)."""
+    if per_map is None:
+        from localcluster.storage import file_map
+
+        per_map = file_map.FDS_PER_MAP
+    return (1 + 3 * per_map) * -(-partitions * REPLICATION_FACTOR // brokers) + 1000
 
 
 def open_files_limit() -> int:
