@@ -1,4 +1,5 @@
-"""A segment's two indexes, one entry per batch, as numpy arrays over shared maps that hold no open file (file_map.py).
+"""A segment's two indexes, one entry per batch, as numpy arrays over shared maps that hold no
+open file (file_map.py).
 
 `.index` holds (relative offset int32, position int32) per batch; `.timeindex` holds the batch's
 max timestamp (int64). Both files are preallocated (sparse) to `max_entries` while their segment
