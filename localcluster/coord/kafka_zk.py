@@ -376,17 +376,28 @@ class KafkaZkClient:
                                zk_version: int) -> int | None:  # fmt: skip
         """A leader's ISR change (Kafka's updateLeaderAndIsr from the broker), with its
         /isr_change_notification in the same transaction. New version, or None on a clash."""
-        notification = json.dumps({"version": 1, "partitions": [
-            {"topic": tp[0], "partition": tp[1]}]}).encode()  # fmt: skip
-        tx = self.coord.transaction()
-        tx.set_data(
-            paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
-        )
-        tx.create(paths.isr_change_notification_prefix(), notification, sequence=True)
-        results = tx.commit()
-        if any(isinstance(r, Exception) for r in results):
-            return None
-        return results[0].version
+        return self.update_isrs_from_leader([(tp, state, zk_version)])[0]
+
+    def update_isrs_from_leader(
+        self, writes: Sequence[tuple[TopicPartition, LeaderAndIsr, int]]
+    ) -> list[int | None]:
+        """Many `update_isr_from_leader`s in ONE batch commit: each its own transaction (the
+        conditional state write and its notification), so each clashes (None) or is written
+        (its new version) alone, as one by one."""
+        transactions = []
+        for tp, state, zk_version in writes:
+            notification = json.dumps({"version": 1, "partitions": [
+                {"topic": tp[0], "partition": tp[1]}]}).encode()  # fmt: skip
+            tx = self.coord.transaction()
+            tx.set_data(
+                paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
+            )
+            tx.create(paths.isr_change_notification_prefix(), notification, sequence=True)
+            transactions.append(tx)
+        return [
+            None if any(isinstance(r, Exception) for r in results) else results[0].version
+            for results in self.coord.commit_transactions(transactions)
+        ]
 
     def write_assignment(self, topic: str, assignment: TopicAssignment,
                          controller_epoch_version: int) -> None:  # fmt: skip

@@ -2,7 +2,8 @@
 
 write_partition_states must keep the single writes' semantics per partition (fenced by the
 controller epoch's version, None on a clash, parents created first) while committing them as
-one batch; consume_isr_change_notifications reads and deletes a whole list at once. Each test
+one batch; consume_isr_change_notifications reads and deletes a whole list at once; a leader's
+ISR writes (update_isrs_from_leader) go in one batch too. Each test
 gets a fresh store, or a fresh chroot of the shared ZooKeeper server (KafkaZkClient's paths are
 absolute).
 """
@@ -112,6 +113,27 @@ def test_isr_change_notifications_are_consumed_in_one_batch(zk):
     assert sorted(changed) == [(TOPIC, p) for p in range(4)], "the malformed one names none"
     assert zk.isr_change_notifications() == []
     assert zk.consume_isr_change_notifications(names) == [], "consumed already: nothing twice"
+
+
+def test_leaders_isr_writes_go_in_one_batch_each_conditional_with_its_notification(zk):
+    fence = become_controller(zk, 0)
+    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(3)], fence)
+    shrunk = LeaderAndIsr(0, 0, (0, 1), 1)
+    versions = zk.update_isrs_from_leader(
+        [
+            ((TOPIC, 0), shrunk, 0),
+            ((TOPIC, 1), shrunk, 5),  # a stale version: a clash, nothing written
+            ((TOPIC, 2), shrunk, 0),
+            ((TOPIC, 4), shrunk, 0),  # no znode: a clash
+        ]
+    )
+    assert versions == [1, None, 1, None]
+    assert zk.partition_state(TOPIC, 0) == (shrunk, 1)
+    assert zk.partition_state(TOPIC, 1) == (leader(0), 0)
+    assert sorted(zk.consume_isr_change_notifications(zk.isr_change_notifications())) == [
+        (TOPIC, 0),
+        (TOPIC, 2),
+    ], "one notification per write that landed"
 
 
 def test_topic_znodes_are_deleted_in_one_batch_even_with_an_unknown_child(zk):
