@@ -173,6 +173,24 @@ class KafkaZkClient:
             return None
         return decode_topic_assignment(path, data)
 
+    def assignments_and_configs(
+        self, topics: Sequence[str]
+    ) -> tuple[dict[str, TopicAssignment], dict[str, dict[str, str]]]:
+        """`assignment` and `topic_config` of many topics in ONE `get_many`: the topics
+        that exist, their assignments and their overrides ({} when none)."""
+        assignment_paths = [paths.topic_path(topic) for topic in topics]
+        config_paths = [config_path(topic) for topic in topics]
+        found = self.coord.get_many(assignment_paths + config_paths)
+        assignments, configs = {}, {}
+        for i, topic in enumerate(topics):
+            assignment, config = found[i], found[len(topics) + i]
+            if assignment is not None:
+                assignments[topic] = decode_topic_assignment(assignment_paths[i], assignment[0])
+                configs[topic] = (
+                    {} if config is None else decode_topic_config(config_paths[i], config[0])
+                )
+        return assignments, configs
+
     # -- users (SCRAM credentials) ------------------------------------------------------------
 
     def user_config(self, user: str) -> dict[str, str]:

@@ -3,7 +3,8 @@
 write_partition_states must keep the single writes' semantics per partition (fenced by the
 controller epoch's version, None on a clash, parents created first) while committing them as
 one batch; consume_isr_change_notifications reads and deletes a whole list at once; a leader's
-ISR writes (update_isrs_from_leader) go in one batch too. Each test
+ISR writes (update_isrs_from_leader) go in one batch too, and the topics' assignments and
+configs are read in one get_many. Each test
 gets a fresh store, or a fresh chroot of the shared ZooKeeper server (KafkaZkClient's paths are
 absolute).
 """
@@ -134,6 +135,14 @@ def test_leaders_isr_writes_go_in_one_batch_each_conditional_with_its_notificati
         (TOPIC, 0),
         (TOPIC, 2),
     ], "one notification per write that landed"
+
+
+def test_assignments_and_configs_of_many_topics_in_one_read(zk):
+    zk.create_topic("compacted", {0: (1, 2, 0)}, {"cleanup.policy": "compact"})
+    assignments, configs = zk.assignments_and_configs([TOPIC, "gone", "compacted"])
+    assert assignments == {TOPIC: zk.assignment(TOPIC), "compacted": zk.assignment("compacted")}
+    assert configs == {TOPIC: {}, "compacted": {"cleanup.policy": "compact"}}
+    assert zk.assignments_and_configs([]) == ({}, {})
 
 
 def test_topic_znodes_are_deleted_in_one_batch_even_with_an_unknown_child(zk):
