@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from localcluster.coord import connect, file_store, paths
+from localcluster.coord import connect, file_store, kafka_zk, paths
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
 from localcluster.metadata_types import LeaderAndIsr
 
@@ -118,23 +118,41 @@ def test_isr_change_notifications_are_consumed_in_one_batch(zk):
 
 def test_leaders_isr_writes_go_in_one_batch_each_conditional_with_its_notification(zk):
     fence = become_controller(zk, 0)
-    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(3)], fence)
+    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(6)], fence)
     shrunk = LeaderAndIsr(0, 0, (0, 1), 1)
-    versions = zk.update_isrs_from_leader(
-        [
-            ((TOPIC, 0), shrunk, 0),
-            ((TOPIC, 1), shrunk, 5),  # a stale version: a clash, nothing written
-            ((TOPIC, 2), shrunk, 0),
-            ((TOPIC, 4), shrunk, 0),  # no znode: a clash
-        ]
-    )
-    assert versions == [1, None, 1, None]
-    assert zk.partition_state(TOPIC, 0) == (shrunk, 1)
-    assert zk.partition_state(TOPIC, 1) == (leader(0), 0)
+    assert zk.update_isrs_from_leader([((TOPIC, p), shrunk, 0) for p in (0, 1)]) == [1, 1]
+    assert len(zk.isr_change_notifications()) == 1, "one notification names both"
     assert sorted(zk.consume_isr_change_notifications(zk.isr_change_notifications())) == [
         (TOPIC, 0),
+        (TOPIC, 1),
+    ]
+    versions = zk.update_isrs_from_leader(
+        [
+            ((TOPIC, 2), shrunk, 0),
+            ((TOPIC, 3), shrunk, 5),  # a stale version: a clash, nothing written
+            ((TOPIC, 4), shrunk, 0),
+            ((TOPIC, 9), shrunk, 0),  # no znode: a clash
+        ]
+    )
+    assert versions == [1, None, 1, None], "a clash holds back only its own partition"
+    assert zk.partition_state(TOPIC, 2) == (shrunk, 1)
+    assert zk.partition_state(TOPIC, 3) == (leader(0), 0)
+    assert sorted(zk.consume_isr_change_notifications(zk.isr_change_notifications())) == [
         (TOPIC, 2),
-    ], "one notification per write that landed"
+        (TOPIC, 4),
+    ], "a notification for each write that landed, none for a clash"
+
+
+def test_more_isr_writes_than_one_transaction_holds(zk, monkeypatch):
+    monkeypatch.setattr(kafka_zk, "ISR_WRITES_PER_TRANSACTION", 2)
+    fence = become_controller(zk, 0)
+    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(5)], fence)
+    shrunk = LeaderAndIsr(0, 0, (0, 1), 1)
+    writes = [((TOPIC, p), shrunk, 0) for p in range(5)]
+    assert zk.update_isrs_from_leader(writes) == [1] * 5
+    assert len(zk.isr_change_notifications()) == 3
+    changed = zk.consume_isr_change_notifications(zk.isr_change_notifications())
+    assert sorted(changed) == [(TOPIC, p) for p in range(5)]
 
 
 def test_assignments_and_configs_of_many_topics_in_one_read(zk):
