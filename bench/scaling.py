@@ -71,6 +71,7 @@ class Scale:
     controller_partitions: tuple[int, ...]  # up and failover on CONTROLLER_BROKERS
     kills: int
     run_s: float
+    up: bool = True  # measure `up` (every broker killed and restarted) before the kills
 
 
 # 6,000: the largest count of these that 20,000 open files per broker hold (10,000 do not; see
@@ -394,9 +395,15 @@ def controller_curve(scale: Scale, profiles: Profiles, say, skipped: list[dict])
                 create_s = new_topic(cluster, topic, count, timeout_s)
             finally:
                 profiles.stop()
-            up = restart_all(cluster, topic, count, timeout_s, profiles if largest else None)
-            say(f"  {count} partitions on {CONTROLLER_BROKERS} brokers: created in {create_s:.2f} s, "
-                f"up in {up['up_s']:.2f} s (every broker started after {up['all_started_s']:.2f} s)")  # fmt: skip
+            if scale.up:
+                up = restart_all(cluster, topic, count, timeout_s, profiles if largest else None)
+                say(f"  {count} partitions on {CONTROLLER_BROKERS} brokers: created in {create_s:.2f} s, "
+                    f"up in {up['up_s']:.2f} s (every broker started after {up['all_started_s']:.2f} s)")  # fmt: skip
+            else:
+                up = {"up_s": None, "all_started_s": None}
+                say(
+                    f"  {count} partitions on {CONTROLLER_BROKERS} brokers: created in {create_s:.2f} s (no up)"
+                )
             kills = []
             for i in range(scale.kills):
                 if largest:
@@ -474,7 +481,8 @@ def plot(result: dict, path: Path) -> Path | None:
         ("failover p50", "failover_p50_s"),
         ("failover p99", "failover_p99_s"),
     ):
-        ax.plot(xs, [c[key] for c in cells], marker="o", label=label)
+        ax.plot(xs, [c[key] if c[key] is not None else float("nan") for c in cells], marker="o",
+                label=label)  # fmt: skip
     ax.axhline(
         GOAL_FAILOVER_P99_S,
         color="grey",
@@ -537,7 +545,7 @@ def print_tables(result: dict) -> None:
     print_table(f"up and controller failover against partitions ({CONTROLLER_BROKERS} brokers, RF 3)",
                 ["partitions", "create s", "up s", "kills", "new controller p50 ms", "failover p50 ms",
                  "failover p99 ms", "full ISR again after restart p50 s"],
-                [(c["partitions"], f"{c['create_s']:.2f}", f"{c['up_s']:.2f}", len(c["kills"]),
+                [(c["partitions"], f"{c['create_s']:.2f}", "-" if c["up_s"] is None else f"{c['up_s']:.2f}", len(c["kills"]),
                   f"{c['controller_elected_p50_s'] * 1000:,.0f}", f"{c['failover_p50_s'] * 1000:,.0f}",
                   f"{c['failover_p99_s'] * 1000:,.0f}",
                   f"{percentile([k['full_isr_again_after_restart_s'] for k in c['kills']], 50):.2f}")
@@ -600,12 +608,17 @@ def main(argv: list[str] | None = None) -> int:
         "--controller-partitions", help="comma-separated partition counts for up and failover"
     )
     parser.add_argument("--kills", type=int, help="controller kills per partition count")
+    parser.add_argument(
+        "--no-up", action="store_true", help="skip `up` (kill and restart all) before the kills"
+    )
     parser.add_argument("--json", action="store_true", help="also print the JSON to stdout")
     args = parser.parse_args(argv)
     scale = SMOKE if args.smoke else QUICK if args.quick else FULL
     scale = replace(scale, **{k: v for k, v in (
         ("partitions", counts(args.partitions)), ("controller_partitions", counts(args.controller_partitions)),
         ("kills", args.kills)) if v})  # fmt: skip
+    if args.no_up:
+        scale = replace(scale, up=False)
     parts = set((args.only or "partitions,brokers,controller").split(","))
     if args.json:
         from bench.common import console
