@@ -74,8 +74,8 @@ class Scale:
     up: bool = True  # measure `up` (every broker killed and restarted) before the kills
 
 
-# 6,000: the largest count of these that 20,000 open files per broker hold (10,000 do not; see
-# open_files_limit), so the failover goal has a figure near 10,000 when 10,000 cannot run.
+# 6,000 gives the failover goal a figure near 10,000 where 10,000 cannot run (with 4 open files
+# per replica, before storage/file_map.py, 20,000 per broker held 6,000 but not 10,000).
 FULL = Scale((1, 6, 60, 600, 3000), (3, 5, 9), (100, 1000, 6000, 10000), kills=5, run_s=5.0)
 # Quick has no 1,000-partition controller cell: it alone took 75 s here (create 17 s, up 42 s,
 # two kills with their ISR catch-up), most of the suite's quick budget for this step.
