@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 from localcluster import topic_config
 from localcluster.broker.metadata_cache import MetadataCache
 from localcluster.broker.network import ListenerInfo
-from localcluster.broker.replica_host import ISR_READ_BACK, ISR_WRITE, write_isr_update
+from localcluster.broker.replica_host import ISR_READ_BACK, ISR_WRITE, write_isr_updates
 from localcluster.controller.assignment import (
     InvalidReplicationFactorError,
     assign_replicas_to_brokers,
@@ -324,14 +324,23 @@ class ClusterMetadata:
 
     # -- the leader's ISR writes ----------------------------------------------------------------
 
-    def update_isr(self, update, step: str = ISR_WRITE) -> tuple[bool, int | None]:
-        """One step of a leader's ISR write (replica_host.py states the sequence): the write,
-        conditional on the zkVersion the leader read, or reading the state back after the
-        write's answer was lost. (written, zk_version now), zk_version None when the leader
-        was fenced; raises when the store does not answer (a real ZooKeeper's connection loss)."""
-        tp = (update.topic, update.partition)
+    def update_isr(self, updates, step: str = ISR_WRITE) -> list[tuple[bool, int | None]]:
+        """One step of leaders' ISR writes (replica_host.py states the sequence), many
+        partitions at once: the writes, each conditional on the zkVersion its leader read, in
+        one batch commit, or reading the states back after the writes' answer was lost.
+        (written, zk_version now) each, zk_version None where the leader was fenced; raises
+        when the store does not answer (a real ZooKeeper's connection loss)."""
+
+        def read_states(some) -> list:
+            states = self.zk.partition_states([(u.topic, u.partition) for u in some])
+            return [states[u.topic, u.partition] for u in some]
+
+        def write(states) -> list[int | None]:
+            pairs = zip(updates, states, strict=True)
+            return self.zk.update_isrs_from_leader(
+                [((u.topic, u.partition), state, u.zk_version) for u, state in pairs]
+            )
+
         if step == ISR_READ_BACK:
-            return update.outcome(self.zk.partition_state(*tp))
-        return write_isr_update(update, lambda: self.zk.partition_state(*tp),
-                                lambda state: self.zk.update_isr_from_leader(tp, state,
-                                                                             update.zk_version))  # fmt: skip
+            return [u.outcome(s) for u, s in zip(updates, read_states(updates), strict=True)]
+        return write_isr_updates(updates, read_states, write)

@@ -74,11 +74,25 @@ def write_isr_update(update: IsrUpdate, read_state: Callable[[], tuple | None],
     keeps the znode's controller epoch, `write(state)` is conditional on the version the
     leader read (None on a clash; it raises when its answer is lost), and a clash is read
     back at once for `IsrUpdate.outcome`. (written, zk_version now)."""
-    found = read_state()
-    version = write(update.state(found[0].controller_epoch if found else 0))
-    if version is not None:
-        return True, version
-    return update.outcome(read_state())
+    return write_isr_updates([update], lambda _: [read_state()],
+                             lambda states: [write(states[0])])[0]  # fmt: skip
+
+
+def write_isr_updates(updates: Sequence[IsrUpdate],
+                      read_states: Callable[[Sequence[IsrUpdate]], Sequence[tuple | None]],
+                      write: Callable[[list], Sequence[int | None]],
+                      ) -> list[tuple[bool, int | None]]:  # fmt: skip
+    """`write_isr_update` of many partitions at once: their states read together, written
+    together (`write(states)`: each conditional on its own update's version, a version or
+    None each; it raises when its answer is lost), the clashes read back together."""
+    found = read_states(updates)
+    versions = write([update.state(state[0].controller_epoch if state else 0)
+                      for update, state in zip(updates, found, strict=True)])  # fmt: skip
+    clashed = [update for update, version in zip(updates, versions, strict=True)
+               if version is None]  # fmt: skip
+    read_back = iter(read_states(clashed) if clashed else ())
+    return [(True, version) if version is not None else update.outcome(next(read_back))
+            for update, version in zip(updates, versions, strict=True)]  # fmt: skip
 
 
 @dataclass(slots=True)

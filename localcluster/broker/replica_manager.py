@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 # Carries out one step of an ISR write (replica_host.ISR_WRITE or ISR_READ_BACK) in the store:
 # (succeeded, zk_version now) with None when fenced; raises when the store does not answer.
-IsrWriter = Callable[[IsrUpdate, str], Awaitable[tuple[bool, int | None]]]
+IsrWriter = Callable[[list[IsrUpdate], str], Awaitable[list[tuple[bool, int | None]]]]
 
 
 class AppendNotifier:
@@ -90,7 +90,9 @@ class ReplicaManager(ReplicaHost):
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
-        self._isr_tasks: set[asyncio.Task] = set()
+        self._isr_tasks: set[asyncio.Task] = set()  # read-backs of writes whose answer was lost
+        self._isr_queue: list[IsrUpdate] = []  # ISR writes for the next batch
+        self._isr_drain: asyncio.Task | None = None  # writes the queue, batch by batch
         self._tick_timer: asyncio.TimerHandle | None = None  # wake_at's one timer
         self._tick_at_ms = 0
         # The periodic checkpoints are written (write, fsync, rename, fsync the directory) on
@@ -227,17 +229,40 @@ class ReplicaManager(ReplicaHost):
         return responses
 
     def write_isr(self, update: IsrUpdate) -> None:
+        """Queue the write; the writes queued while a batch is in the store go in the next
+        one (one store commit for all, not one each). The queue holds at most one write per
+        partition this broker leads, as the core has at most one in flight per partition."""
         if self.isr_writer is None:
             return
-        task = asyncio.get_running_loop().create_task(self._apply_isr_write(update))
+        self._isr_queue.append(update)
+        if self._isr_drain is None or self._isr_drain.done():
+            self._isr_drain = asyncio.get_running_loop().create_task(self._drain_isr_writes())
+
+    async def _drain_isr_writes(self) -> None:
+        while self._isr_queue:
+            updates, self._isr_queue = self._isr_queue, []
+            try:
+                answers = await self.isr_writer(updates, ISR_WRITE)
+            except Exception as e:
+                for update in updates:
+                    self._start_isr_read_back(
+                        update, self.on_isr_write_unanswered(update, ISR_WRITE, e)
+                    )
+                continue
+            for update, (ok, version) in zip(updates, answers, strict=True):
+                self.on_isr_write_answered(update, ok, version)
+
+    def _start_isr_read_back(self, update: IsrUpdate, step: str | None) -> None:
+        if step is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._apply_isr_write(update, step))
         self._isr_tasks.add(task)
         task.add_done_callback(self._isr_tasks.discard)
 
-    async def _apply_isr_write(self, update: IsrUpdate) -> None:
-        step = ISR_WRITE
+    async def _apply_isr_write(self, update: IsrUpdate, step: str) -> None:
         while step is not None:  # at most the write and one read-back (replica_host.py)
             try:
-                ok, version = await self.isr_writer(update, step)
+                ((ok, version),) = await self.isr_writer([update], step)
             except Exception as e:
                 step = self.on_isr_write_unanswered(update, step, e)
                 continue

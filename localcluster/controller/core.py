@@ -185,12 +185,12 @@ class ControllerCore:
         for tp in sorted(ctx.leadership):
             batch.add_leader_and_isr(tp, ctx.assignments[tp])
         yield from self.partitions.trigger_online_partition_state_change(batch)
+        self.send(batch)  # the new leaders serve before the ISR removals below are written
         # Replicas on brokers that died before this failover leave the ISR now (Kafka's
         # ReplicaStateMachine.startup): no BrokerChange will ever report them dead to us.
         removals = [(tp, r) for tp, replicas in sorted(ctx.assignments.items())
                     for r in replicas if r not in ctx.live_brokers]  # fmt: skip
-        yield from self.replicas.remove_replicas_from_isr(removals, batch)
-        self.send(batch)
+        yield from self._remove_from_isrs(removals)
         yield from self.topics.on_topic_deletion()
         yield from self.topics.on_partition_reassignment()
         yield from self.topics.on_preferred_replica_election()
@@ -283,13 +283,24 @@ class ControllerCore:
             if lead.state.leader in dead and tp[0] not in ctx.topics_to_delete:
                 ctx.move_partition(tp, PartitionState.OFFLINE)
         yield from self.partitions.trigger_online_partition_state_change(batch)
+        self.send(batch)  # as Kafka's onBrokerFailure: the elections' requests go out first
         removals = []
         for broker in sorted(dead):
             for tp in ctx.partitions_on(broker):
                 ctx.move_replica(tp, broker, ReplicaState.OFFLINE)
                 removals.append((tp, broker))
-        yield from self.replicas.remove_replicas_from_isr(removals, batch)
-        self.send(batch)
+        yield from self._remove_from_isrs(removals)
+
+    def _remove_from_isrs(self, removals: list[tuple[TopicPartition, int]]) -> act.Operation[None]:
+        """Dead replicas leave the ISRs, and the leaders and every broker hear of it (in
+        requests of their own, after the elections': a failover's new leaders wait for the
+        election writes only, not for these, which touch every partition the dead broker
+        followed, twice as many as it led with RF 3)."""
+        if not removals:
+            return
+        batch = self.new_batch()
+        if (yield from self.replicas.remove_replicas_from_isr(removals, batch)):
+            self.send(batch)
 
     def _on_broker_startup(self, new: set[int]) -> act.Operation[None]:
         ctx = self.ctx

@@ -50,6 +50,9 @@ MAX_CONFIG_CHANGES = 100  # older ones are deleted (Kafka expires them after 15 
 CONFIG_BROKERS = "/config/brokers"  # dynamic broker configs: <id> and <default>
 CONFIG_USERS = "/config/users"  # SCRAM credentials, as `kafka-configs.sh --entity-type users`
 CLUSTER_ID = "/cluster/id"
+# A leader's ISR writes per transaction, with one notification for them all: 200 state writes
+# and their notification are ~60 KB, far below ZooKeeper's 1 MB request limit (jute.maxbuffer).
+ISR_WRITES_PER_TRANSACTION = 200
 
 
 class ControllerMovedError(Exception):
@@ -172,6 +175,24 @@ class KafkaZkClient:
         except NoNodeError:
             return None
         return decode_topic_assignment(path, data)
+
+    def assignments_and_configs(
+        self, topics: Sequence[str]
+    ) -> tuple[dict[str, TopicAssignment], dict[str, dict[str, str]]]:
+        """`assignment` and `topic_config` of many topics in ONE `get_many`: the topics
+        that exist, their assignments and their overrides ({} when none)."""
+        assignment_paths = [paths.topic_path(topic) for topic in topics]
+        config_paths = [config_path(topic) for topic in topics]
+        found = self.coord.get_many(assignment_paths + config_paths)
+        assignments, configs = {}, {}
+        for i, topic in enumerate(topics):
+            assignment, config = found[i], found[len(topics) + i]
+            if assignment is not None:
+                assignments[topic] = decode_topic_assignment(assignment_paths[i], assignment[0])
+                configs[topic] = (
+                    {} if config is None else decode_topic_config(config_paths[i], config[0])
+                )
+        return assignments, configs
 
     # -- users (SCRAM credentials) ------------------------------------------------------------
 
@@ -376,17 +397,51 @@ class KafkaZkClient:
                                zk_version: int) -> int | None:  # fmt: skip
         """A leader's ISR change (Kafka's updateLeaderAndIsr from the broker), with its
         /isr_change_notification in the same transaction. New version, or None on a clash."""
-        notification = json.dumps({"version": 1, "partitions": [
-            {"topic": tp[0], "partition": tp[1]}]}).encode()  # fmt: skip
+        return self.update_isrs_from_leader([(tp, state, zk_version)])[0]
+
+    def update_isrs_from_leader(
+        self, writes: Sequence[tuple[TopicPartition, LeaderAndIsr, int]]
+    ) -> list[int | None]:
+        """Many `update_isr_from_leader`s at once, each written or clashing (None) alone as
+        one by one. Up to ISR_WRITES_PER_TRANSACTION go in one transaction with ONE
+        notification naming them all (as Kafka's brokers propagate ISR changes, many per
+        notification): the controller then reads and deletes one znode, not one per
+        partition, and still never sees a write without its notification. A transaction
+        that fails (a clash, which is rare: the controller changed a state meanwhile) is
+        redone with one transaction per partition; all go in one batch commit each time."""
+        chunks = [list(range(start, min(start + ISR_WRITES_PER_TRANSACTION, len(writes))))
+                  for start in range(0, len(writes), ISR_WRITES_PER_TRANSACTION)]  # fmt: skip
+        versions: list[int | None] = [None] * len(writes)
+        failed: list[int] = []
+        answers = self.coord.commit_transactions([self._isr_transaction(writes, c) for c in chunks])
+        for chunk, results in zip(chunks, answers, strict=True):
+            if any(isinstance(r, Exception) for r in results):
+                failed += chunk
+            else:
+                for i, result in zip(chunk, results, strict=False):
+                    versions[i] = result.version
+        if failed:
+            answers = self.coord.commit_transactions(
+                [self._isr_transaction(writes, [i]) for i in failed]
+            )
+            for i, results in zip(failed, answers, strict=True):
+                if not any(isinstance(r, Exception) for r in results):
+                    versions[i] = results[0].version
+        return versions
+
+    def _isr_transaction(self, writes, chosen: list[int]):
+        """The conditional state writes of `writes[i]` for i in `chosen`, and one notification
+        naming their partitions."""
         tx = self.coord.transaction()
-        tx.set_data(
-            paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
-        )
-        tx.create(paths.isr_change_notification_prefix(), notification, sequence=True)
-        results = tx.commit()
-        if any(isinstance(r, Exception) for r in results):
-            return None
-        return results[0].version
+        for i in chosen:
+            tp, state, zk_version = writes[i]
+            tx.set_data(
+                paths.partition_state_path(*tp), encode_leader_and_isr(state), version=zk_version
+            )
+        notification = json.dumps({"version": 1, "partitions": [
+            {"topic": writes[i][0][0], "partition": writes[i][0][1]} for i in chosen]})  # fmt: skip
+        tx.create(paths.isr_change_notification_prefix(), notification.encode(), sequence=True)
+        return tx
 
     def write_assignment(self, topic: str, assignment: TopicAssignment,
                          controller_epoch_version: int) -> None:  # fmt: skip

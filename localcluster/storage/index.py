@@ -1,4 +1,5 @@
-"""A segment's two indexes, one entry per batch, as numpy memmaps.
+"""A segment's two indexes, one entry per batch, as numpy arrays over shared maps that hold no
+open file (file_map.py).
 
 `.index` holds (relative offset int32, position int32) per batch; `.timeindex` holds the batch's
 max timestamp (int64). Both files are preallocated (sparse) to `max_entries` while their segment
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localcluster.storage import reservation
+from localcluster.storage import file_map, reservation
 
 ENTRY_BYTES = 8  # both files: 2 x int32, or 1 x int64
 INT32_MAX = 2**31 - 1
@@ -34,9 +35,16 @@ class IndexFullError(Exception):
 
 
 def _map(path: Path, dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The file as an array over a shared map that holds no descriptor (file_map.py): an
+    index costs its broker no open file. The map goes when the last array over it does."""
     if shape[0] == 0:
         return np.zeros(shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mapping = file_map.map_file(fd, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    finally:
+        os.close(fd)
+    return np.ndarray(shape, dtype=dtype, buffer=mapping)
 
 
 class BatchIndex:
@@ -178,8 +186,8 @@ class BatchIndex:
 
     def _flush(self) -> None:
         for array in (self._offsets, self._times):
-            if isinstance(array, np.memmap) and array.size:
-                array.flush()
+            if isinstance(array.base, mmap.mmap):
+                array.base.flush()
 
     def close(self) -> None:
         self._flush()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localcluster.storage import prefault, reclaim, reservation
+from localcluster.storage import file_map, prefault, reclaim, reservation
 from localcluster.storage import record_batch as rb
 from localcluster.storage.index import BatchIndex
 
@@ -279,7 +279,7 @@ class LogSegment:
     def _map(self, length: int) -> None:
         self._release_map()
         if length:
-            self._mm = mmap.mmap(self._file.fileno(), length)
+            self._mm = file_map.map_file(self._file.fileno(), length)  # no fd of its own
             self._region = prefault.MappedRegion(self._mm, self._file.fileno())
         self._mapped = length
 

@@ -2,7 +2,9 @@
 
 write_partition_states must keep the single writes' semantics per partition (fenced by the
 controller epoch's version, None on a clash, parents created first) while committing them as
-one batch; consume_isr_change_notifications reads and deletes a whole list at once. Each test
+one batch; consume_isr_change_notifications reads and deletes a whole list at once; a leader's
+ISR writes (update_isrs_from_leader) go in one batch too, and the topics' assignments and
+configs are read in one get_many. Each test
 gets a fresh store, or a fresh chroot of the shared ZooKeeper server (KafkaZkClient's paths are
 absolute).
 """
@@ -13,7 +15,7 @@ import json
 
 import pytest
 
-from localcluster.coord import connect, file_store, paths
+from localcluster.coord import connect, file_store, kafka_zk, paths
 from localcluster.coord.kafka_zk import ControllerMovedError, KafkaZkClient
 from localcluster.metadata_types import LeaderAndIsr
 
@@ -112,6 +114,53 @@ def test_isr_change_notifications_are_consumed_in_one_batch(zk):
     assert sorted(changed) == [(TOPIC, p) for p in range(4)], "the malformed one names none"
     assert zk.isr_change_notifications() == []
     assert zk.consume_isr_change_notifications(names) == [], "consumed already: nothing twice"
+
+
+def test_leaders_isr_writes_go_in_one_batch_each_conditional_with_its_notification(zk):
+    fence = become_controller(zk, 0)
+    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(6)], fence)
+    shrunk = LeaderAndIsr(0, 0, (0, 1), 1)
+    assert zk.update_isrs_from_leader([((TOPIC, p), shrunk, 0) for p in (0, 1)]) == [1, 1]
+    assert len(zk.isr_change_notifications()) == 1, "one notification names both"
+    assert sorted(zk.consume_isr_change_notifications(zk.isr_change_notifications())) == [
+        (TOPIC, 0),
+        (TOPIC, 1),
+    ]
+    versions = zk.update_isrs_from_leader(
+        [
+            ((TOPIC, 2), shrunk, 0),
+            ((TOPIC, 3), shrunk, 5),  # a stale version: a clash, nothing written
+            ((TOPIC, 4), shrunk, 0),
+            ((TOPIC, 9), shrunk, 0),  # no znode: a clash
+        ]
+    )
+    assert versions == [1, None, 1, None], "a clash holds back only its own partition"
+    assert zk.partition_state(TOPIC, 2) == (shrunk, 1)
+    assert zk.partition_state(TOPIC, 3) == (leader(0), 0)
+    assert sorted(zk.consume_isr_change_notifications(zk.isr_change_notifications())) == [
+        (TOPIC, 2),
+        (TOPIC, 4),
+    ], "a notification for each write that landed, none for a clash"
+
+
+def test_more_isr_writes_than_one_transaction_holds(zk, monkeypatch):
+    monkeypatch.setattr(kafka_zk, "ISR_WRITES_PER_TRANSACTION", 2)
+    fence = become_controller(zk, 0)
+    zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(5)], fence)
+    shrunk = LeaderAndIsr(0, 0, (0, 1), 1)
+    writes = [((TOPIC, p), shrunk, 0) for p in range(5)]
+    assert zk.update_isrs_from_leader(writes) == [1] * 5
+    assert len(zk.isr_change_notifications()) == 3
+    changed = zk.consume_isr_change_notifications(zk.isr_change_notifications())
+    assert sorted(changed) == [(TOPIC, p) for p in range(5)]
+
+
+def test_assignments_and_configs_of_many_topics_in_one_read(zk):
+    zk.create_topic("compacted", {0: (1, 2, 0)}, {"cleanup.policy": "compact"})
+    assignments, configs = zk.assignments_and_configs([TOPIC, "gone", "compacted"])
+    assert assignments == {TOPIC: zk.assignment(TOPIC), "compacted": zk.assignment("compacted")}
+    assert configs == {TOPIC: {}, "compacted": {"cleanup.policy": "compact"}}
+    assert zk.assignments_and_configs([]) == ({}, {})
 
 
 def test_topic_znodes_are_deleted_in_one_batch_even_with_an_unknown_child(zk):

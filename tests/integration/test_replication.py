@@ -100,7 +100,7 @@ def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster
         os.kill(c.brokers[3].pid, signal.SIGCONT)
     wait_until(lambda: isr(c) == [1, 2, 3], timeout_s=10, message="ISR expands back")
     assert log_end_offset(data_dir(c, 3)) == 50
-    # Each ISR write lands with its /isr_change_notification in one transaction.
+    # Each ISR write lands in one transaction with an /isr_change_notification naming it.
     assert len(c.coord.get_children("/isr_change_notification")) >= 2
     state, _ = c.state(TOPIC)
     assert (state.leader, state.leader_epoch) == (1, 1)  # ISR changes keep leader and epoch

@@ -86,8 +86,9 @@ def test_the_full_run_has_the_issues_sizes():
 
 
 def test_partition_counts_beyond_the_open_files_limit_are_known_before_they_run():
-    # 10,000 RF 3 on 5 brokers: 6,000 replicas each, 4 descriptors per replica
-    assert descriptors_needed(10000, 5) > 20000 >= descriptors_needed(6000, 5)
+    # 10,000 RF 3 on 5 brokers: 6,000 replicas each, 4 descriptors per replica with maps that keep one
+    assert descriptors_needed(10000, 5, per_map=1) > 20000 >= descriptors_needed(6000, 5, per_map=1)
+    assert descriptors_needed(10000, 5, per_map=0) == 7000  # maps that keep no descriptor
 
 
 def test_the_report_section_lists_every_cell_and_what_was_skipped(tmp_path):

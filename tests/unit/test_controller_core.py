@@ -363,6 +363,9 @@ def test_startup_sends_everyone_the_full_state_and_takes_dead_replicas_out_of_th
         store ReadTopics t
         store ReadPartitionStates t-0 t-1
         WatchTopic t
+        LeaderAndIsr c5 -> 1: t-0 1/e0/[1,2,3] v0 ar [1,2,3]; t-1 2/e0/[2,3,1] v0 ar [2,3,1]
+        LeaderAndIsr c5 -> 2: t-0 1/e0/[1,2,3] v0 ar [1,2,3]; t-1 2/e0/[2,3,1] v0 ar [2,3,1]
+        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2,3] v0 offline [3]; t-1 2/e0/[2,3,1] v0 offline [3]
         store WritePartitionStates t-0=1/e1/[1,2]@v0 t-1=2/e1/[2,1]@v0 -> t-0@v1 t-1@v1
         note t-0: ISR shrank to [1, 2] (broker 3 is gone)
         note t-1: ISR shrank to [2, 1] (broker 3 is gone)
@@ -389,10 +392,13 @@ def test_broker_failure_elects_from_the_isr_then_shrinks_the_isr_of_what_it_foll
         note broker(s) [1] died
         store WritePartitionStates t-0=2/e1/[2,3]@v0 -> t-0@v1
         note t-0: leader 2 elected (offline) in epoch 1, ISR [2, 3]
+        LeaderAndIsr c5 -> 2: t-0 2/e1/[2,3] v1 ar [1,2,3]
+        LeaderAndIsr c5 -> 3: t-0 2/e1/[2,3] v1 ar [1,2,3]
+        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2,3] v1 offline [1]; t-1 2/e0/[2,3,1] v0 offline [1]
         store WritePartitionStates t-1=2/e1/[2,3]@v0 -> t-1@v1
         note t-1: ISR shrank to [2, 3] (broker 1 is gone)
-        LeaderAndIsr c5 -> 2: t-0 2/e1/[2,3] v1 ar [1,2,3]; t-1 2/e1/[2,3] v1 ar [2,3,1]
-        LeaderAndIsr c5 -> 3: t-0 2/e1/[2,3] v1 ar [1,2,3]; t-1 2/e1/[2,3] v1 ar [2,3,1]
+        LeaderAndIsr c5 -> 2: t-1 2/e1/[2,3] v1 ar [2,3,1]
+        LeaderAndIsr c5 -> 3: t-1 2/e1/[2,3] v1 ar [2,3,1]
         UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2,3] v1 offline [1]; t-1 2/e1/[2,3] v1 offline [1]
     """)
     assert h.core.ctx.replica_states.state((T0, 1)) == ReplicaState.OFFLINE
@@ -423,11 +429,14 @@ def test_a_broker_that_registered_again_is_a_failure_and_a_startup():
         note broker(s) [2] died
         store WritePartitionStates t-1=2/e1/[2,3,1]@v0 -> t-1@v1
         note t-1: leader 2 elected (offline) in epoch 1, ISR [2, 3, 1]
+        LeaderAndIsr c5 -> 1: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
+        LeaderAndIsr c5 -> 2: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
+        LeaderAndIsr c5 -> 3: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
+        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e0/[1,2,3] v0; t-1 2/e1/[2,3,1] v1
         store WritePartitionStates t-0=1/e1/[1,3]@v0 -> t-0@v1
         note t-0: ISR shrank to [1, 3] (broker 2 is gone)
-        LeaderAndIsr c5 -> 1: t-0 1/e1/[1,3] v1 ar [1,2,3]; t-1 2/e1/[2,3,1] v1 ar [2,3,1]
-        LeaderAndIsr c5 -> 2: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
-        LeaderAndIsr c5 -> 3: t-0 1/e1/[1,3] v1 ar [1,2,3]; t-1 2/e1/[2,3,1] v1 ar [2,3,1]
+        LeaderAndIsr c5 -> 1: t-0 1/e1/[1,3] v1 ar [1,2,3]
+        LeaderAndIsr c5 -> 3: t-0 1/e1/[1,3] v1 ar [1,2,3]
         UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e1/[1,3] v1; t-1 2/e1/[2,3,1] v1
         note broker(s) [2] registered
         LeaderAndIsr c5 -> 2: t-0 1/e1/[1,3] v1 ar [1,2,3]; t-1 2/e1/[2,3,1] v1 ar [2,3,1]
@@ -530,12 +539,15 @@ def test_a_clashing_write_is_re_read_and_decided_again_from_what_the_leader_wrot
         store ReadPartitionStates t-0
         store WritePartitionStates t-0=2/e1/[2]@v1 -> t-0@v2
         note t-0: leader 2 elected (offline) in epoch 1, ISR [2]
+        LeaderAndIsr c5 -> 2: t-0 2/e1/[2] v2 ar [1,2,3]
+        LeaderAndIsr c5 -> 3: t-0 2/e1/[2] v2 ar [1,2,3]
+        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2] v2 offline [1]; t-1 2/e0/[2,3,1] v0 offline [1]
         store WritePartitionStates t-1=2/e1/[2,3]@v0 -> t-1 CLASH
         store ReadPartitionStates t-1
         store WritePartitionStates t-1=2/e1/[2]@v1 -> t-1@v2
         note t-1: ISR shrank to [2] (broker 1 is gone)
-        LeaderAndIsr c5 -> 2: t-0 2/e1/[2] v2 ar [1,2,3]; t-1 2/e1/[2] v2 ar [2,3,1]
-        LeaderAndIsr c5 -> 3: t-0 2/e1/[2] v2 ar [1,2,3]; t-1 2/e1/[2] v2 ar [2,3,1]
+        LeaderAndIsr c5 -> 2: t-1 2/e1/[2] v2 ar [2,3,1]
+        LeaderAndIsr c5 -> 3: t-1 2/e1/[2] v2 ar [2,3,1]
         UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2] v2 offline [1]; t-1 2/e1/[2] v2 offline [1]
     """)
 
