@@ -215,6 +215,10 @@ class ReplicaFetcherManager:
 
     def __init__(self, replica_manager, broker_id: int, fetch_wait_max_ms: int,
                  connector):  # fmt: skip
+        # The fetchers' kio requests, which both ends first use in a leader change: loaded at
+        # start, not in the middle of a failover (this broker answers them as a leader too).
+        messages.preload([(ApiKey.OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_VERSION),
+                          (ApiKey.LIST_OFFSETS, LIST_OFFSETS_VERSION)])  # fmt: skip
         self.replica_manager = replica_manager
         self.broker_id = broker_id
         self.fetch_wait_max_ms = fetch_wait_max_ms

@@ -86,3 +86,15 @@ def test_truncated_requests_are_malformed(api_key, version):
     for cut in range(len(data)):
         with pytest.raises(MalformedRequestError):
             messages.decode_request(api_key, version, data[:cut], 0)
+
+
+def test_preload_loads_both_schemas_of_each_pair_once():
+    from localcluster.protocol import messages
+    from localcluster.protocol.api import ApiKey
+
+    pair = (ApiKey.OFFSET_FOR_LEADER_EPOCH, 3)
+    messages.preload([pair])
+    before = messages.request_schema.cache_info().hits, messages.response_schema.cache_info().hits
+    messages.request_schema(*pair), messages.response_schema(*pair)
+    after = messages.request_schema.cache_info().hits, messages.response_schema.cache_info().hits
+    assert after == (before[0] + 1, before[1] + 1)  # both were loaded already: cache hits
