@@ -30,11 +30,10 @@ import ctypes
 import ctypes.util
 import logging
 import mmap
-import os
-import queue
 import threading
 
 from localcluster.storage import reservation
+from localcluster.storage.work_thread import WorkThread
 
 log = logging.getLogger(__name__)
 
@@ -107,43 +106,28 @@ class MappedRegion:
             self.open = False
 
 
-class Prefaulter:
+class Prefaulter(WorkThread):
     """One daemon thread populating requested ranges in order."""
 
     def __init__(self) -> None:
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        super().__init__("prefault")
 
     def request(self, region: MappedRegion, start: int, stop: int) -> None:
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="prefault", daemon=True)
-                    self._thread.start()
-        self._requests.put((region, start, stop))
+        self.submit(region, start, stop)
 
-    def _run(self) -> None:
-        while True:
-            item = self._requests.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            region, start, stop = item
-            with region.lock:
-                if not region.open or stop > region.length:
-                    continue
-                stop = min(stop, region.limit)  # a sealed segment takes nothing more
-                if start >= stop:
-                    continue
-                if region.fd is not None and not self._reserve(region, start, stop):
-                    continue
-                if _madvise(region.address + start, stop - start, MADV_POPULATE_WRITE) != 0:
-                    # ENOMEM/EFAULT: the file was cut under the range; the writer faults in
-                    # what it needs.
-                    log.debug(
-                        "prefault of [%d, %d) failed: errno %d", start, stop, ctypes.get_errno()
-                    )
+    def work(self, region: MappedRegion, start: int, stop: int) -> None:
+        with region.lock:
+            if not region.open or stop > region.length:
+                return
+            stop = min(stop, region.limit)  # a sealed segment takes nothing more
+            if start >= stop:
+                return
+            if region.fd is not None and not self._reserve(region, start, stop):
+                return
+            if _madvise(region.address + start, stop - start, MADV_POPULATE_WRITE) != 0:
+                # ENOMEM/EFAULT: the file was cut under the range; the writer faults in what
+                # it needs.
+                log.debug("prefault of [%d, %d) failed: errno %d", start, stop, ctypes.get_errno())
 
     @staticmethod
     def _reserve(region: MappedRegion, start: int, stop: int) -> bool:
@@ -158,20 +142,5 @@ class Prefaulter:
             log.debug("reserving [%d, %d) failed: %s", start, stop, e)
             return False
 
-    def idle(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every request made so far is done (tests)."""
-        if self._thread is None:
-            return True
-        done = threading.Event()
-        self._requests.put(done)
-        return done.wait(timeout_s)
-
-    def _after_fork_in_child(self) -> None:
-        """A forked child has no prefault thread: start afresh (queued requests are dropped)."""
-        self._requests = queue.SimpleQueue()
-        self._thread = None
-        self._start_lock = threading.Lock()
-
 
 PREFAULTER = Prefaulter()
-os.register_at_fork(after_in_child=PREFAULTER._after_fork_in_child)

@@ -22,43 +22,23 @@ Bound: one queue item (a map and a file object) per deleted segment not yet rele
 from __future__ import annotations
 
 import logging
-import os
-import queue
-import threading
+
+from localcluster.storage.work_thread import WorkThread
 
 log = logging.getLogger(__name__)
 
 
-class Reclaimer:
+class Reclaimer(WorkThread):
     """One daemon thread closing the maps and files of deleted segments, in order."""
 
     def __init__(self) -> None:
-        self._items: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        super().__init__("reclaim")
 
     def release(self, mm, file) -> None:
         """Close `mm` (an mmap or None) and then `file` (a file object or None) on the thread."""
-        if self._thread is None:
-            with self._start_lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="reclaim", daemon=True)
-                    self._thread.start()
-        self._items.put((mm, file))
+        self.submit(mm, file)
 
-    def _run(self) -> None:
-        while True:
-            item = self._items.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            mm, file = item
-            del item
-            self._close(mm, file)
-            del mm, file  # nothing of a released segment lives on in this frame
-
-    @staticmethod
-    def _close(mm, file) -> None:
+    def work(self, mm, file) -> None:
         if mm is not None:
             try:
                 mm.close()
@@ -70,21 +50,5 @@ class Reclaimer:
             except OSError as e:
                 log.debug("closing a deleted segment's file: %s", e)
 
-    def idle(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every release requested so far is done (tests)."""
-        if self._thread is None:
-            return True
-        done = threading.Event()
-        self._items.put(done)
-        return done.wait(timeout_s)
-
-    def _after_fork_in_child(self) -> None:
-        """A forked child has no reclaim thread: start afresh (queued items stay with the
-        parent, whose thread releases them)."""
-        self._items = queue.SimpleQueue()
-        self._thread = None
-        self._start_lock = threading.Lock()
-
 
 RECLAIMER = Reclaimer()
-os.register_at_fork(after_in_child=RECLAIMER._after_fork_in_child)
