@@ -44,8 +44,12 @@ class TreeCluster:
         self.tree, self.directory = tree, directory
         self.env = {**os.environ, "PYTHONPATH": str(tree), "LOCALCLUSTER_DIR": str(directory)}
         self._cli("up", "-n", "3", "--detach")
-        self._cli("topic", "create", "t", "--partitions", str(partitions),
-                  "--replication-factor", "3", "--config", "min.insync.replicas=2")  # fmt: skip
+        try:
+            self._cli("topic", "create", "t", "--partitions", str(partitions),
+                      "--replication-factor", "3", "--config", "min.insync.replicas=2")  # fmt: skip
+        except BaseException:
+            self.stop()  # no cluster is left running for a caller that never got this object
+            raise
 
     def _cli(self, *args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "localcluster", *args], env=self.env,
