@@ -393,22 +393,18 @@ class KafkaZkClient:
             transactions.append(tx)
         return transactions
 
-    def update_isr_from_leader(self, tp: TopicPartition, state: LeaderAndIsr,
-                               zk_version: int) -> int | None:  # fmt: skip
-        """A leader's ISR change (Kafka's updateLeaderAndIsr from the broker), with its
-        /isr_change_notification in the same transaction. New version, or None on a clash."""
-        return self.update_isrs_from_leader([(tp, state, zk_version)])[0]
-
     def update_isrs_from_leader(
         self, writes: Sequence[tuple[TopicPartition, LeaderAndIsr, int]]
     ) -> list[int | None]:
-        """Many `update_isr_from_leader`s at once, each written or clashing (None) alone as
-        one by one. Up to ISR_WRITES_PER_TRANSACTION go in one transaction with ONE
-        notification naming them all (as Kafka's brokers propagate ISR changes, many per
-        notification): the controller then reads and deletes one znode, not one per
-        partition, and still never sees a write without its notification. A transaction
-        that fails (a clash, which is rare: the controller changed a state meanwhile) is
-        redone with one transaction per partition; all go in one batch commit each time."""
+        """Leaders' ISR changes (Kafka's updateLeaderAndIsr from the broker), each conditional
+        on its zkVersion and written with an /isr_change_notification in the same transaction:
+        the new version of each, or None where it clashed, as if written one by one. Up to
+        ISR_WRITES_PER_TRANSACTION go in one transaction with ONE notification naming them all
+        (as Kafka's brokers propagate ISR changes, many per notification): the controller
+        then reads and deletes one znode, not one per partition, and still never sees a write
+        without its notification. A transaction that fails (a clash, which is rare: the
+        controller changed a state meanwhile) is redone with one transaction per partition;
+        all go in one batch commit each time."""
         chunks = [list(range(start, min(start + ISR_WRITES_PER_TRANSACTION, len(writes))))
                   for start in range(0, len(writes), ISR_WRITES_PER_TRANSACTION)]  # fmt: skip
         versions: list[int | None] = [None] * len(writes)

@@ -106,7 +106,8 @@ def test_isr_change_notifications_are_consumed_in_one_batch(zk):
     fence = become_controller(zk, 0)
     zk.write_partition_states([((TOPIC, p), leader(0), None) for p in range(4)], fence)
     for p in range(4):
-        assert zk.update_isr_from_leader((TOPIC, p), LeaderAndIsr(0, 0, (0, 1), 1), 0) == 1
+        # one call per partition: one notification each
+        assert zk.update_isrs_from_leader([((TOPIC, p), LeaderAndIsr(0, 0, (0, 1), 1), 0)]) == [1]
     zk.coord.create(paths.isr_change_notification_prefix(), b"not json", sequence=True)
     names = zk.isr_change_notifications()
     assert len(names) == 5
