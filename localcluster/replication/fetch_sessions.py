@@ -11,6 +11,9 @@ partition joins the session of its leader when this broker becomes its follower,
 - fetching: one Fetch carries every fetching partition that is not backing off, from its end.
 Truncating and out-of-range partitions ask first. An error answer backs its partition off for
 `fetch_backoff_ms` (Kafka's replica.fetch.backoff.ms) and the session goes on with the others;
+UNKNOWN_LEADER_EPOCH only for LEADER_BEHIND_BACKOFF_MS: the leader has not yet taken the
+LeaderAndIsr the controller sent with ours and will within a few ms (Kafka waits the whole
+backoff, which held a failover's acks=all writes 50 ms here when a follower was the quicker);
 a long poll waits no longer than the first backoff ends (`long_poll_ms`). A failed request
 (timeout, connection) backs off every partition it carried. A partition that joins a session
 with a request in flight abandons that request: a long poll for the old state must not hold
@@ -52,6 +55,8 @@ from localcluster.replication.ready import (
     TruncationDone,
 )
 from localcluster.storage import record_batch as rb
+
+LEADER_BEHIND_BACKOFF_MS = 5
 
 
 @dataclass(slots=True, eq=False)  # identity: answers are matched to the state they left with
@@ -242,6 +247,13 @@ class FetchSessions:
     def _backoff(self, state: PartitionFetchState, now_ms: int, backoff_ms: int) -> None:
         state.backoff_until_ms = now_ms + backoff_ms
 
+    def _error_backoff_ms(self, error: int) -> int:
+        return (
+            LEADER_BEHIND_BACKOFF_MS
+            if error == errors.UNKNOWN_LEADER_EPOCH
+            else self.fetch_backoff_ms
+        )
+
     def on_epoch_response(self, request: EpochRequestPlan, error: int, leader_epoch: int,
                           end_offset: int, now_ms: int, ready: Ready) -> None:  # fmt: skip
         inflight = self._take(request, ready)
@@ -251,7 +263,7 @@ class FetchSessions:
         tp = request.tp
         if error != errors.NONE:
             state.ask_epoch = None  # start over from our latest epoch
-            self._backoff(state, now_ms, self.fetch_backoff_ms)
+            self._backoff(state, now_ms, self._error_backoff_ms(error))
             ready.state_changes.append(
                 LeaderError(tp, request.leader_id, "OffsetForLeaderEpoch", error)
             )
@@ -288,7 +300,7 @@ class FetchSessions:
                 state.list_offsets = LATEST_TIMESTAMP
                 ready.state_changes.append(OutOfRange(answer.tp, request.leader_id))
             else:
-                self._backoff(state, now_ms, self.fetch_backoff_ms)
+                self._backoff(state, now_ms, self._error_backoff_ms(answer.error))
                 ready.state_changes.append(
                     LeaderError(answer.tp, request.leader_id, "Fetch", answer.error)
                 )
@@ -310,7 +322,7 @@ class FetchSessions:
         tp = request.tp
         state.list_offsets = None
         if error != errors.NONE:
-            self._backoff(state, now_ms, self.fetch_backoff_ms)
+            self._backoff(state, now_ms, self._error_backoff_ms(error))
             ready.state_changes.append(LeaderError(tp, request.leader_id, "ListOffsets", error))
             return
         hosted = self.partitions[tp]

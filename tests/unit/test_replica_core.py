@@ -11,6 +11,7 @@ import pytest
 
 from localcluster.replication import errors
 from localcluster.replication import ready as r
+from localcluster.replication.fetch_sessions import LEADER_BEHIND_BACKOFF_MS
 from localcluster.replication.replica_core import ReplicaConfig, ReplicaCore
 from localcluster.storage import Record, encode_batch, iter_batches
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
@@ -240,6 +241,30 @@ def test_become_follower_asks_the_leader_where_its_epoch_ends_then_fetches():
         state TruncationDone leader=2 log_end_offset=5
         poll [2]""")
     assert rt.poll(2, now_ms=1) == "send Fetch to 2: t-0@5:e3 wait 500"
+
+
+def test_a_leader_that_has_not_taken_our_epoch_yet_is_asked_again_soon():
+    # The controller sent both LeaderAndIsr requests; ours came first. UNKNOWN_LEADER_EPOCH
+    # means the leader is behind us: ask again after LEADER_BEHIND_BACKOFF_MS, not the full
+    # replica.fetch.backoff.ms (which a failover's acks=all writes waited out). Other errors
+    # still wait the full backoff.
+    rt = Runtime(fetch_backoff_ms=50)
+    rt.open(log=MemoryLog(epochs=[(1, 3), (2, 4)]), checkpointed_hw=2)
+    rt.leader_and_isr(State(2, 3, (2, 1)))
+    assert rt.poll(2, 100) == "send OffsetForLeaderEpoch to 2: epoch 2"
+    rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.UNKNOWN_LEADER_EPOCH, -1, -1, 100))
+    assert rt.poll(2, 104) == ""
+    assert rt.core.fetch_session_wakeup_ms(2, 104) == 100 + LEADER_BEHIND_BACKOFF_MS
+    assert rt.poll(2, 105) == "send OffsetForLeaderEpoch to 2: epoch 2"
+    rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NOT_LEADER_OR_FOLLOWER, -1, -1, 105))
+    assert rt.core.fetch_session_wakeup_ms(2, 106) == 155
+    assert rt.poll(2, 155) == "send OffsetForLeaderEpoch to 2: epoch 2"
+    asked = rt.requests[-1]
+    rt.step(rt.core.on_epoch_response(asked, errors.NONE, 2, 5, 155))
+    rt.poll(2, 155)
+    fetched = [r.FetchedPartition(TP, errors.UNKNOWN_LEADER_EPOCH)]
+    rt.step(rt.core.on_fetch_response(rt.requests[-1], fetched, 160))
+    assert rt.core.fetch_session_wakeup_ms(2, 160) == 160 + LEADER_BEHIND_BACKOFF_MS
 
 
 def test_hw_truncation_cuts_to_the_hw_on_becoming_follower():
