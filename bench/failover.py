@@ -381,7 +381,9 @@ def run(
         for name in names:
             probes.append(Probe(name, cluster.bootstrap, TOPIC, PARTITIONS, args.interval_ms, settings,
                                 {"confluent": args.librdkafka_debug,
-                                 "kafka-python": args.kafka_python_debug}.get(name)))  # fmt: skip
+                                 "kafka-python": args.kafka_python_debug,
+                                 "own": args.client_debug,
+                                 "own-no-idempotence": args.client_debug}.get(name)))  # fmt: skip
         for series in ("leader", "controller"):
             for i in range(kills_per_series):
                 kill = one_kill(cluster, probes, series)
@@ -429,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="write confluent-kafka's debug log (metadata,broker,topic,msg) to FILE")  # fmt: skip
     parser.add_argument("--kafka-python-debug", metavar="FILE",
                         help="write kafka-python's DEBUG log to FILE")  # fmt: skip
+    parser.add_argument("--client-debug", metavar="FILE",
+                        help="write our client's DEBUG log to FILE (one of the own probes)")  # fmt: skip
     parser.add_argument("--broker-logs", metavar="DIR", help="keep the brokers' logs in DIR")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra broker setting, e.g. replica.fetch.wait.max.ms=100 (repeatable)")  # fmt: skip

@@ -95,8 +95,11 @@ def _paced(partitions: int, interval_ms: float, stop: threading.Event, send, wai
 # -- the clients ------------------------------------------------------------------------------
 
 
-def _run_own(tag, bootstrap, topic, partitions, interval_ms, settings, control, results, _debug):
+def _run_own(tag, bootstrap, topic, partitions, interval_ms, settings, control, results, debug):
     from localcluster.client import AsyncProducer
+
+    if debug:
+        _debug_log("localcluster.client", debug)
 
     tally = _Tally(partitions)
 
@@ -136,6 +139,14 @@ def _run_own(tag, bootstrap, topic, partitions, interval_ms, settings, control, 
     _use_uvloop()
     asyncio.run(run())
     return tally.outcome()
+
+
+def _debug_log(logger: str, path: str) -> None:
+    """`logger` and its children at DEBUG into `path`, each line with its wall-clock time."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(created).6f %(name)s %(message)s"))
+    logging.getLogger(logger).addHandler(handler)
+    logging.getLogger(logger).setLevel(logging.DEBUG)
 
 
 def _librdkafka_logger(path: str) -> logging.Logger:
@@ -190,10 +201,7 @@ def _run_kafka_python(
     from kafka import KafkaProducer
 
     if debug:  # kafka-python logs through the logging module, from its sender thread
-        handler = logging.FileHandler(debug)
-        handler.setFormatter(logging.Formatter("%(created).6f %(name)s %(message)s"))
-        logging.getLogger("kafka").addHandler(handler)
-        logging.getLogger("kafka").setLevel(logging.DEBUG)
+        _debug_log("kafka", debug)
     tally = _Tally(partitions)
     producer = KafkaProducer(bootstrap_servers=bootstrap.split(","))  # its defaults
 

@@ -301,6 +301,10 @@ class Cluster:
                 await self._read_cluster_dir()
             self.metadata = snapshot
             self._updated_at = time.monotonic()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("metadata from %s: leaders %s", connection.address, {
+                    f"{t.name}-{p.partition}": (p.leader, p.leader_epoch)
+                    for t in snapshot.topics.values() for p in t.partitions})  # fmt: skip
         finally:
             self._refresh = None
             event, self.metadata_changed = self.metadata_changed, asyncio.Event()
