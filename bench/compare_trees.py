@@ -2,23 +2,26 @@
 
 ```
 .venv/bin/python -m bench.compare_trees BASE [OTHER]     # OTHER defaults to this checkout
-  --rounds N --records N --partitions N --producers N --idempotence
+  --rounds N --records N --partitions N --idempotence
 ```
 
 A change to the broker is judged against the commit before it (issue 17: "no worse than
 before the change, same-run comparison"): check the older commit out beside this one
-(`git worktree add ../base <commit>`) and name it as BASE. Each tree starts its own cluster
-of three brokers with its own CLI (`PYTHONPATH=<tree> python -m localcluster up`, so the
-brokers run that tree's code), a topic of `--partitions` partitions with RF 3 and
-min.insync.replicas=2; both clusters stay up, the idle one costs nothing. The load is this
-checkout's `localcluster perf produce` (our client, 100-byte records, prebuilt ~64 KiB
-batches) against each in turn, in the order A B B A per pair of rounds, so neither side is
-always first after a pause; idempotence is off unless `--idempotence` (a tree from before
-the idempotent producer has no InitProducerId).
+(`git worktree add ../base <commit>`) and name it as BASE. Every run starts a fresh cluster
+of three brokers with the tree's own CLI (`PYTHONPATH=<tree> python -m localcluster up`, so
+the brokers run that tree's code), creates a topic of `--partitions` partitions with RF 3 and
+min.insync.replicas=2, warms it up with a tenth of the records, times one load and removes
+the cluster (`down --purge`): no run inherits another's logs, tmpfs pages or page cache, and
+only one cluster is up at a time. (Clusters kept for the whole comparison slowed run by run as
+their logs grew, and main read 0.85 of itself.) The load is this checkout's `localcluster perf
+produce` (our client, 100-byte records, prebuilt ~64 KiB batches), in the order A B B A per
+pair of rounds, so neither side is always first; idempotence is off unless `--idempotence` (a
+tree from before the idempotent producer has no InitProducerId).
 
 Per run: acknowledged records/s, and the three brokers' CPU seconds per record from
 /proc/<pid>/stat (a cost that moves far less with other work on the machine than records/s
-does). Printed: each side's runs and medians and OTHER as a fraction of BASE.
+does). Printed: each side's runs and medians and OTHER as a fraction of BASE. Run BASE
+against itself first (`compare_trees X X`): the fraction it reads is the resolution.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class TreeCluster:
     def __init__(self, tree: Path, directory: Path, partitions: int):
         self.tree, self.directory = tree, directory
         self.env = {**os.environ, "PYTHONPATH": str(tree), "LOCALCLUSTER_DIR": str(directory)}
-        self._cli("up", "-n", "3", "--detach")
+        self._cli("up", "-n", "3", "--detach")  # a fresh cluster: `down --purge` removes it
         try:
             self._cli("topic", "create", "t", "--partitions", str(partitions),
                       "--replication-factor", "3", "--config", "min.insync.replicas=2")  # fmt: skip
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("base", type=Path, help="the tree to compare against (e.g. a worktree)")
     parser.add_argument("other", type=Path, nargs="?", default=HERE, help="default: this checkout")
-    parser.add_argument("--rounds", type=int, default=4, help="runs per side (even: A B B A ...)")
+    parser.add_argument("--rounds", type=int, default=8, help="runs per side (even: A B B A ...)")
     parser.add_argument("--records", type=int, default=1_500_000, help="records per run")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--idempotence", action="store_true", help="the load is idempotent")
@@ -106,20 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         if not (tree / "localcluster" / "broker").is_dir():
             parser.error(f"{name} {tree} is not a localcluster source tree")
     runs: dict[str, list[dict]] = {"base": [], "other": []}
+    order = ["base", "other", "other", "base"]
     with tempfile.TemporaryDirectory(prefix="compare-trees-") as tmp:
-        clusters = {}
-        try:
-            for name, tree in trees.items():
-                clusters[name] = TreeCluster(tree, Path(tmp) / name, args.partitions)
-                clusters[name].produce(args.records // 4, args.idempotence)  # warm-up
-            order = ["base", "other", "other", "base"]
-            for i in range(args.rounds * 2):
-                name = order[i % 4]
-                runs[name].append(clusters[name].produce(args.records, args.idempotence))
-                print(f"{name}: {runs[name][-1]}", file=sys.stderr)
-        finally:
-            for cluster in clusters.values():
+        for i in range(args.rounds * 2):
+            name = order[i % 4]
+            cluster = TreeCluster(trees[name], Path(tmp) / f"{name}-{i}", args.partitions)
+            try:
+                cluster.produce(max(args.records // 10, 1), args.idempotence)  # warm-up
+                runs[name].append(cluster.produce(args.records, args.idempotence))
+            finally:
                 cluster.stop()
+            print(f"{name}: {runs[name][-1]}", file=sys.stderr)
     rows, medians = [], {}
     for name in ("base", "other"):
         rate = median([r["records_per_s"] for r in runs[name]])
