@@ -118,7 +118,9 @@ class Cluster:
     """
 
     def __init__(self, settings: dict[str, str] | None = None, data_root: str = "/dev/shm",
-                 replication: str = "unix", sasl_clients: bool = False):  # fmt: skip
+                 replication: str = "unix", sasl_clients: bool = False,
+                 broker_tree: Path | None = None):  # fmt: skip
+        self.broker_tree = broker_tree  # run the brokers from this checkout (None: this one)
         self.cluster_dir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
         self.replication = replication
         self.settings = listener_settings(self.cluster_dir / "jaas.conf", replication, sasl_clients)
@@ -133,7 +135,8 @@ class Cluster:
         started = []
         for broker_id in broker_ids:
             broker = BrokerProcess(broker_id, self.cluster_dir, {**self.settings, **extra},
-                                   data_dir=self.data_root / f"broker-{broker_id}")  # fmt: skip
+                                   data_dir=self.data_root / f"broker-{broker_id}",
+                                   source_tree=self.broker_tree)  # fmt: skip
             self.brokers[broker_id] = broker
             started.append(broker.start())
         return started

@@ -31,8 +31,10 @@ broker had already written), per client and per kill. Goals, printed with pass/m
 asserted: p99 < 1 s for our client (issue 6), p99 < 500 ms for confluent-kafka (issue 18), no
 duplicate with idempotence (issue 14), nothing lost. `--librdkafka-debug FILE` and
 `--broker-logs DIR` keep librdkafka's debug log (debug=metadata,broker,topic,msg) and the
-brokers' logs, both with wall-clock times, and each kill's wall-clock time is in the JSON: what
-the investigation of librdkafka's stall in bench/README.md was measured with. Every process
+brokers' logs, both with wall-clock times (`--client-debug FILE` our client's), and each kill's
+wall-clock time is in the JSON: what the investigations in bench/README.md were measured with.
+`--broker-tree DIR` runs the brokers from another checkout (e.g. a worktree of an older commit)
+under this checkout's client and bench: issue 17's same-client comparison. Every process
 started is killed by process group at the end and every temporary directory removed, also on
 Ctrl-C/SIGTERM.
 """
@@ -372,7 +374,8 @@ def run(
 ) -> tuple[list, dict, dict]:
     """The cluster, the probes and the kills; (kills, outcomes per probe, read-back)."""
     cluster = Cluster({"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "true",
-                       "leader.imbalance.check.interval.seconds": "1", **extra})  # fmt: skip
+                       "leader.imbalance.check.interval.seconds": "1", **extra},
+                      broker_tree=args.broker_tree)  # fmt: skip
     probes: list[Probe] = []
     kills: list[dict] = []
     try:
@@ -434,9 +437,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-debug", metavar="FILE",
                         help="write our client's DEBUG log to FILE (one of the own probes)")  # fmt: skip
     parser.add_argument("--broker-logs", metavar="DIR", help="keep the brokers' logs in DIR")
+    parser.add_argument("--broker-tree", metavar="DIR", type=Path,
+                        help="run the brokers from this source tree (e.g. a worktree of an older "
+                             "commit), the client and this bench from this checkout")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="extra broker setting, e.g. replica.fetch.wait.max.ms=100 (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.broker_tree is not None and not (args.broker_tree / "localcluster" / "broker").is_dir():
+        parser.error(f"--broker-tree {args.broker_tree} is not a localcluster source tree")
     names = [n for n in args.clients.split(",") if n]
     unknown = [n for n in names if n not in PROBES]
     if unknown or not names:
@@ -493,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results("failover", {
         "config": {"kills_per_series": kills_per_series, "partitions": PARTITIONS, "brokers": len(BROKERS),
                    "interval_ms": args.interval_ms, "probe_settings": settings, "clients": names,
+                   "broker_tree": str(args.broker_tree) if args.broker_tree else None,
                    "broker_settings": extra, "elapsed_s": elapsed, "load_average_before": load_before},
         # summary, kills, check, timeline: the first client's (ours), as before the other clients came
         "summary": main_client["summary"], "kills": main_kills, "check": main_client["check"],

@@ -31,9 +31,10 @@ class BrokerProcessError(RuntimeError):
 
 
 def spawn_broker(broker_id: int, cluster_dir: Path, settings: dict[str, str], output,
-                 coordination: str | None = None) -> subprocess.Popen:  # fmt: skip
+                 coordination: str | None = None, source_tree: Path | None = None) -> subprocess.Popen:  # fmt: skip
     """Start broker `broker_id` with these properties; its stdout and stderr go to `output`
-    (an open file, or subprocess.PIPE for a text pipe)."""
+    (an open file, or subprocess.PIPE for a text pipe). `source_tree`: run the broker from that
+    checkout's code (its PYTHONPATH), as benchmarks comparing two commits' brokers do."""
     cluster_dir = Path(cluster_dir).resolve()  # the broker works there, so no relative path
     args = [sys.executable, "-m", "localcluster.broker", "--id", str(broker_id),
             "--cluster-dir", str(cluster_dir)]  # fmt: skip
@@ -41,14 +42,20 @@ def spawn_broker(broker_id: int, cluster_dir: Path, settings: dict[str, str], ou
         args += ["--coordination", coordination]
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
+    env = (
+        None
+        if source_tree is None
+        else {**os.environ, "PYTHONPATH": str(Path(source_tree).resolve())}
+    )
     return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, cwd=cluster_dir)  # fmt: skip
+                            text=True, start_new_session=True, cwd=cluster_dir, env=env)  # fmt: skip
 
 
 class BrokerProcess:
     def __init__(self, broker_id: int, cluster_dir: Path, settings: dict[str, str] | None = None,
-                 data_dir: Path | None = None):  # fmt: skip
+                 data_dir: Path | None = None, source_tree: Path | None = None):  # fmt: skip
         self.broker_id = broker_id
+        self.source_tree = source_tree
         self.cluster_dir = Path(cluster_dir).resolve()  # the broker's working dir
         data = data_dir if data_dir is not None else cluster_dir / f"data-{broker_id}"
         self.settings = {"log.dirs": str(data), **(settings or {})}
@@ -78,9 +85,8 @@ class BrokerProcess:
 
     def start(self, timeout_s: float = 30.0) -> BrokerProcess:
         self._ready.clear()
-        self.process = spawn_broker(
-            self.broker_id, self.cluster_dir, self.settings, subprocess.PIPE
-        )
+        self.process = spawn_broker(self.broker_id, self.cluster_dir, self.settings,
+                                    subprocess.PIPE, source_tree=self.source_tree)  # fmt: skip
         threading.Thread(target=self._drain, args=(self.process,), daemon=True).start()
         if not self._ready.wait(timeout_s):
             self.kill()

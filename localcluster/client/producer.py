@@ -712,6 +712,10 @@ class AsyncProducer:
                                          list(by_topic.items()))  # fmt: skip
         try:
             self.requests_sent += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("produce to broker %d (%d in flight): %s", leader, self._in_flight[leader],
+                          ", ".join(f"{b.tp[0]}-{b.tp[1]} {len(b.futures)} records, attempt {b.attempts + 1}"
+                                    for b in batches))  # fmt: skip
             result = await connection.send(
                 ApiKey.PRODUCE, lambda v: produce.write_produce_request(request, v),
                 expect_response=self.acks != 0)  # fmt: skip
@@ -720,6 +724,7 @@ class AsyncProducer:
                     self._complete(b, -1)
                 return
             frame, offset = result
+            log.debug("produce answered by broker %d", leader)
             responses = produce.read_produce_response(Reader(frame, offset),
                                                       connection.version(ApiKey.PRODUCE))  # fmt: skip
             self._handle_response(batches, responses)
