@@ -135,6 +135,8 @@ class ClusterMetadata:
 
     async def topic_configs(self, topics) -> dict[str, topic_config.TopicConfig]:
         """Each topic's effective config: its stored overrides over the broker's defaults."""
+        if not topics:
+            return {}
         stored = await self._run(lambda: {t: self.zk.topic_config(t) for t in topics})
         return {t: topic_config.resolve(overrides, self.defaults, t)
                 for t, overrides in stored.items()}  # fmt: skip
