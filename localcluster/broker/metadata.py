@@ -75,6 +75,8 @@ def _validated(configs, replication_factor: int | None) -> dict[str, str]:
 
 
 class ClusterMetadata:
+    _cluster_id: str | None = None  # read once, by cluster_id()
+
     def __init__(self, coord: CoordinationClient, broker_id: int, defaults, cache: MetadataCache):
         self.coord = coord
         self.cache = cache
@@ -82,7 +84,6 @@ class ClusterMetadata:
         self.broker_id = broker_id
         self.defaults = defaults  # BrokerConfig: num.partitions, default.replication.factor
         self.static = defaults  # as started; `defaults` adds the dynamic layers (config_changes)
-        self._cluster_id: str | None = None
 
     async def _run(self, fn: Callable, *args):
         return await asyncio.to_thread(fn, *args)
