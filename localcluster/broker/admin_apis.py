@@ -107,7 +107,7 @@ class AdminApis:
                 "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})  # fmt: skip
         zk = self.metadata.zk
         live, controller, cluster_id = await asyncio.to_thread(
-            lambda: (zk.live_brokers(), zk.controller_id(), zk.cluster_id()))  # fmt: skip
+            lambda: (zk.live_brokers(), zk.controller_id(), self.metadata.cluster_id()))  # fmt: skip
         brokers, _ = self.metadata.brokers_on(context.listener, live)
         operations = (CLUSTER_OPERATIONS if request.include_cluster_authorized_operations
                       else AUTHORIZED_OPERATIONS_OMITTED)  # fmt: skip

@@ -301,7 +301,9 @@ class KafkaApis:
         self, header: RequestHeader, reader: Reader, context: ConnectionContext
     ) -> bytes:
         request = controller_requests.read_leader_and_isr(reader)
-        configs = await self.metadata.topic_configs({p.topic for p in request.partitions})
+        configs = await self.metadata.topic_configs(
+            self.replica_manager.topics_to_configure(request.partitions)
+        )
         response = self.replica_manager.become_leader_or_follower(request, configs)
         self.on_replicas_changed()
         return controller_requests.write_partition_errors(response)

@@ -75,6 +75,8 @@ def _validated(configs, replication_factor: int | None) -> dict[str, str]:
 
 
 class ClusterMetadata:
+    _cluster_id: str | None = None  # read once, by cluster_id()
+
     def __init__(self, coord: CoordinationClient, broker_id: int, defaults, cache: MetadataCache):
         self.coord = coord
         self.cache = cache
@@ -125,6 +127,17 @@ class ClusterMetadata:
     def is_registered(self) -> bool:
         return self.coord.exists(paths.broker_path(self.broker_id)) is not None
 
+    def cluster_id(self) -> str:
+        """The cluster's id, read (or created) once, as Kafka's broker does at start-up: it never
+        changes. Read per Metadata answer, it made every answer wait for the store's lock behind
+        whatever batch held it (1.3 s while a new controller wrote 400 ISR removals)."""
+        if self._cluster_id is None:
+            found = self.zk.cluster_id()
+            if found == "unknown":  # unreadable: say so, and read it again next time
+                return found
+            self._cluster_id = found
+        return self._cluster_id
+
     async def offsets_partition_count(self) -> int:
         """How many partitions `__consumer_offsets` has (groups map onto them)."""
         assignment = await self._run(self.zk.assignment, OFFSETS_TOPIC)
@@ -135,6 +148,8 @@ class ClusterMetadata:
 
     async def topic_configs(self, topics) -> dict[str, topic_config.TopicConfig]:
         """Each topic's effective config: its stored overrides over the broker's defaults."""
+        if not topics:
+            return {}
         stored = await self._run(lambda: {t: self.zk.topic_config(t) for t in topics})
         return {t: topic_config.resolve(overrides, self.defaults, t)
                 for t, overrides in stored.items()}  # fmt: skip
@@ -170,7 +185,7 @@ class ClusterMetadata:
         topics = [self._describe_topic(name, live, allow_auto_create and names is not None)
                   for name in wanted]  # fmt: skip
         controller = self.zk.controller_id()
-        return {"brokers": brokers, "cluster_id": self.zk.cluster_id(),
+        return {"brokers": brokers, "cluster_id": self.cluster_id(),
                 "controller_id": controller if controller is not None else -1, "topics": topics}  # fmt: skip
 
     def _describe_from_cache(self, names: list[str] | None, allow_auto_create: bool,
@@ -189,7 +204,7 @@ class ClusterMetadata:
             topics.append({"name": name, "error_code": 0, "partitions": [
                 self._partition_entry(p, c.leader, c.leader_epoch, c.isr, c.replicas, live)
                 for p, c in sorted(partitions.items())]})  # fmt: skip
-        return {"brokers": brokers, "cluster_id": self.zk.cluster_id(),
+        return {"brokers": brokers, "cluster_id": self.cluster_id(),
                 "controller_id": cache.controller_id, "topics": topics}  # fmt: skip
 
     @staticmethod

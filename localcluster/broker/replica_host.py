@@ -286,6 +286,16 @@ class ReplicaHost:
 
     # -- LeaderAndIsr and StopReplica ------------------------------------------------------------
 
+    def topics_to_configure(self, partition_states: Iterable) -> set[str]:
+        """The topics whose configs a LeaderAndIsr needs: those of the partitions this broker
+        does not host yet (as Kafka reads a topic's config when it creates the partition).
+        A hosted partition's configs are current: AlterConfigs reaches it through
+        `apply_topic_config`. Reading every topic's config for every request made a new
+        controller's full LeaderAndIsr wait for the store, behind the controller's own
+        ISR writes, on every broker (0.3-0.6 s at 1,000 partitions)."""
+        return {state.topic for state in partition_states
+                if (state.topic, state.partition) not in self.partitions}  # fmt: skip
+
     def lead_or_follow(self, controller_epoch: int, partition_states: Iterable,
                        topic_configs: Mapping[str, TopicConfig] | None = None) -> r.LeaderAndIsrResult:  # fmt: skip
         """Open the logs the request starts hosting (with their topics' configs; a log opened

@@ -181,11 +181,18 @@ class ControllerCore:
         for topic in sorted(ctx.topics()):
             self.emit(act.WatchTopic(topic))
         self._initialize_states()
-        batch = self.new_batch()
+        # Every live broker hears every partition's state as the store held it (Kafka's full
+        # LeaderAndIsr on failover), but after the elections' requests and the metadata: the
+        # new leaders and the brokers' metadata then wait for the partitions that changed
+        # only, not for each broker going through all it hosts (600 of 1,000 with RF 3 on 5).
+        current = self.new_batch()
         for tp in sorted(ctx.leadership):
-            batch.add_leader_and_isr(tp, ctx.assignments[tp])
-        yield from self.partitions.trigger_online_partition_state_change(batch)
+            current.add_leader_and_isr(tp, ctx.assignments[tp])
+        batch = self.new_batch()
+        elected = yield from self.partitions.trigger_online_partition_state_change(batch)
+        current.drop_leader_and_isr(elected)  # their new state went in `batch`
         self.send(batch)  # the new leaders serve before the ISR removals below are written
+        self._actions.extend(current.actions())
         # Replicas on brokers that died before this failover leave the ISR now (Kafka's
         # ReplicaStateMachine.startup): no BrokerChange will ever report them dead to us.
         removals = [(tp, r) for tp, replicas in sorted(ctx.assignments.items())

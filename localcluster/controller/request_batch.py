@@ -37,6 +37,14 @@ class RequestBatch:
             if broker in ctx.live_brokers and broker not in ctx.shutting_down:
                 self.leader_and_isr.setdefault(broker, {})[tp] = state
 
+    def drop_leader_and_isr(self, partitions: Iterable[TopicPartition]) -> None:
+        """Send these partitions to nobody after all (a later batch carries their new state)."""
+        for states in self.leader_and_isr.values():
+            for tp in partitions:
+                states.pop(tp, None)
+        for broker in [b for b, states in self.leader_and_isr.items() if not states]:
+            del self.leader_and_isr[broker]
+
     def add_stop_replica(self, broker: int, tp: TopicPartition, delete: bool) -> None:
         self.stop_replica.setdefault((broker, delete), set()).add(tp)
 

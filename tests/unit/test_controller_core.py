@@ -363,9 +363,9 @@ def test_startup_sends_everyone_the_full_state_and_takes_dead_replicas_out_of_th
         store ReadTopics t
         store ReadPartitionStates t-0 t-1
         WatchTopic t
+        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2,3] v0 offline [3]; t-1 2/e0/[2,3,1] v0 offline [3]
         LeaderAndIsr c5 -> 1: t-0 1/e0/[1,2,3] v0 ar [1,2,3]; t-1 2/e0/[2,3,1] v0 ar [2,3,1]
         LeaderAndIsr c5 -> 2: t-0 1/e0/[1,2,3] v0 ar [1,2,3]; t-1 2/e0/[2,3,1] v0 ar [2,3,1]
-        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2,3] v0 offline [3]; t-1 2/e0/[2,3,1] v0 offline [3]
         store WritePartitionStates t-0=1/e1/[1,2]@v0 t-1=2/e1/[2,1]@v0 -> t-0@v1 t-1@v1
         note t-0: ISR shrank to [1, 2] (broker 3 is gone)
         note t-1: ISR shrank to [2, 1] (broker 3 is gone)
@@ -378,6 +378,31 @@ def test_startup_sends_everyone_the_full_state_and_takes_dead_replicas_out_of_th
         store ReadElectionRequest unclean
     """)
     assert h.core.ctx.replica_states.state((T0, 3)) == ReplicaState.OFFLINE
+
+
+def test_a_new_controller_sends_its_elections_and_the_metadata_before_the_unchanged_states():
+    store = FakeStore((1, 2))  # broker 3, leader of t-1, died with the last controller
+    store.topic("t", {0: (1, 2, 3), 1: (3, 1, 2)})
+    store.state(T0, 1, 0, (1, 2, 3), 0)
+    store.state(T1, 3, 0, (3, 1, 2), 0)
+    h = Harness(store)
+    before_isr_removals = h.step(ev.Startup()).split("\nstore WritePartitionStates t-0=1/e1")[0]
+    assert before_isr_removals == expect("""
+        store ReadBrokers
+        AddBroker 1
+        AddBroker 2
+        store ReadTopicNames
+        store ReadTopics t
+        store ReadPartitionStates t-0 t-1
+        WatchTopic t
+        store WritePartitionStates t-1=1/e1/[1,2]@v0 -> t-1@v1
+        note t-1: leader 1 elected (offline) in epoch 1, ISR [1, 2]
+        LeaderAndIsr c5 -> 1: t-1 1/e1/[1,2] v1 ar [3,1,2]
+        LeaderAndIsr c5 -> 2: t-1 1/e1/[1,2] v1 ar [3,1,2]
+        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2,3] v0 offline [3]; t-1 1/e1/[1,2] v1 offline [3]
+        LeaderAndIsr c5 -> 1: t-0 1/e0/[1,2,3] v0 ar [1,2,3]
+        LeaderAndIsr c5 -> 2: t-0 1/e0/[1,2,3] v0 ar [1,2,3]
+    """)
 
 
 # -- broker failure and startup -------------------------------------------------------------------

@@ -4,10 +4,12 @@ keeps the newest values on disk whatever order the writes come in."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.replica_manager import ReplicaManager
+from localcluster.protocol.controller_requests import PartitionState
 from localcluster.storage import Record, encode_batch
 from localcluster.storage.checkpoint import read_partition_offsets
 
@@ -96,3 +98,20 @@ def test_values_taken_earlier_never_overwrite_newer_ones_on_disk(tmp_path):
     assert read_partition_offsets(tmp_path / "replication-offset-checkpoint") == {("t", 0): 9}
     logs.write_high_watermarks({("t", 0): 10})  # a write without a time is taken now
     assert read_partition_offsets(tmp_path / "replication-offset-checkpoint") == {("t", 0): 10}
+
+
+def test_a_leader_and_isr_needs_the_configs_of_the_topics_it_starts_hosting_only(tmp_path):
+    """Kafka reads a topic's config when it creates the partition; a hosted partition has its
+    configs (AlterConfigs reaches it through apply_topic_config), so a new controller's full
+    LeaderAndIsr of hosted partitions reads nothing from the store."""
+    async def run():
+        manager = ReplicaManager(BrokerConfig(broker_id=1), tmp_path / "data", tmp_path)
+        hosted = PartitionState("t", 0, 1, 1, 0, (1, 2), 0, (1, 2))
+        assert manager.topics_to_configure([hosted]) == {"t"}
+        manager.lead_or_follow(1, [hosted], {})
+        new = PartitionState("u", 0, 1, 2, 0, (2, 1), 0, (2, 1))
+        again = PartitionState("t", 0, 2, 1, 0, (1, 2), 0, (1, 2))
+        assert manager.topics_to_configure([again, new]) == {"u"}
+        manager.close()
+
+    asyncio.run(run())
