@@ -23,10 +23,12 @@ Kafka's rules (FetchSession.scala, FetchSessionHandler.java):
   read, and the answer leaves out a partition with no records, no error and the high
   watermark, last stable offset and log start offset it was last sent. Partitions that
   returned records move to the end of the session, so that max_bytes serves all in turn.
-- The cache holds at most `max.incremental.fetch.session.cache.slots` partitions (Kafka's
-  1000) over all sessions. A session that does not fit evicts the least recently used one
-  idle for `min.incremental.fetch.session.eviction.ms` (120 s), or a consumer's for a
-  follower (Kafka's privileged sessions); otherwise it is answered without a session.
+- The cache holds at most `max.incremental.fetch.session.cache.slots` sessions (Kafka's 1000;
+  a slot is a session of any size, as Kafka's FetchSessionCache counts them: counting
+  partitions left a follower of 1,000 partitions without one). A session that does not fit
+  evicts the least recently used one idle for `min.incremental.fetch.session.eviction.ms`
+  (120 s), or a consumer's for a follower (Kafka's privileged sessions); otherwise it is
+  answered without a session.
 """
 
 from __future__ import annotations
@@ -131,15 +133,11 @@ class FetchContext:
 
 @dataclass
 class FetchSessionCache:
-    max_slots: int = 1000  # max.incremental.fetch.session.cache.slots
+    max_slots: int = 1000  # max.incremental.fetch.session.cache.slots: sessions, not partitions
     eviction_ms: int = 120_000  # min.incremental.fetch.session.eviction.ms
     # ids for new sessions: the runtime passes random ones (Kafka's), the default counts
     new_session_id: Callable[[], int] = field(default_factory=lambda: itertools.count(1).__next__)
     sessions: dict[int, FetchSession] = field(default_factory=dict)  # least recently used first
-
-    @property
-    def slots_used(self) -> int:
-        return sum(len(s.partitions) for s in self.sessions.values())
 
     def context(self, request: FetchRequest, privileged: bool, now_ms: int) -> FetchContext:
         epoch, session_id = request.session_epoch, request.session_id
@@ -171,7 +169,7 @@ class FetchSessionCache:
     def _create(self, request: FetchRequest, privileged: bool, now_ms: int) -> FetchContext:
         partitions = {(topic, p.partition): CachedPartition(p)
                       for topic, ps in request.topics for p in ps}  # fmt: skip
-        if not partitions or not self._make_room(len(partitions), privileged, now_ms):
+        if not partitions or not self._make_room(privileged, now_ms):
             return FetchContext(0, NO_SESSION_ID, request)
         session_id = self.new_session_id()
         while session_id == NO_SESSION_ID or session_id in self.sessions:
@@ -181,18 +179,15 @@ class FetchSessionCache:
         self.sessions[session_id] = session
         return FetchContext(0, session_id, request, session)
 
-    def _make_room(self, size: int, privileged: bool, now_ms: int) -> bool:
-        if size > self.max_slots:
+    def _make_room(self, privileged: bool, now_ms: int) -> bool:
+        if len(self.sessions) < self.max_slots:
+            return True
+        victim = next((s for s in self.sessions.values()
+                       if now_ms - s.last_used_ms >= self.eviction_ms
+                       or (privileged and not s.privileged)), None)  # fmt: skip
+        if victim is None:
             return False
-        used = self.slots_used
-        while used + size > self.max_slots:
-            victim = next((s for s in self.sessions.values()
-                           if now_ms - s.last_used_ms >= self.eviction_ms
-                           or (privileged and not s.privileged)), None)  # fmt: skip
-            if victim is None:
-                return False
-            del self.sessions[victim.session_id]
-            used -= len(victim.partitions)
+        del self.sessions[victim.session_id]
         return True
 
     @staticmethod

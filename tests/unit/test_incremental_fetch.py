@@ -103,7 +103,7 @@ def test_forgotten_partitions_leave_the_session_and_new_ones_join_it():
 
 def test_a_full_cache_evicts_an_idle_or_a_consumer_session_but_never_a_busy_follower():
     ids = iter(range(1, 100))
-    cache = FetchSessionCache(max_slots=4, eviction_ms=1000, new_session_id=lambda: next(ids))
+    cache = FetchSessionCache(max_slots=2, eviction_ms=1000, new_session_id=lambda: next(ids))
     follower = cache.context(request(positions(0, 0)), True, now_ms=0).session_id
     consumer = cache.context(request(positions(0, 0), replica_id=-1), False, now_ms=0).session_id
     # a consumer cannot push out a busy follower: it is answered without a session
@@ -116,7 +116,17 @@ def test_a_full_cache_evicts_an_idle_or_a_consumer_session_but_never_a_busy_foll
     cache.context(request([], other, 1), True, now_ms=1500)
     newcomer = cache.context(request(positions(0), replica_id=-1), False, now_ms=1500).session_id
     assert set(cache.sessions) == {other, newcomer}
-    assert cache.context(request(positions(*range(5))), True, 2000).session_id == 0  # too big
+
+
+def test_a_slot_is_a_session_of_any_size_as_kafka_counts_them():
+    # A follower of 3,000 partitions on 3 brokers fetches 1,000+ from each leader: counting
+    # partitions, no follower got a session and every fetch named them all.
+    ids = iter(range(1, 100))
+    cache = FetchSessionCache(max_slots=2, new_session_id=lambda: next(ids))
+    big = cache.context(request(positions(*[0] * 1500)), True, now_ms=0).session_id
+    other = cache.context(request(positions(*[0] * 1500), replica_id=2), True, now_ms=0).session_id
+    assert big and other and set(cache.sessions) == {big, other}
+    assert cache.context(request(positions(0), replica_id=3), True, now_ms=0).session_id == 0
 
 
 def test_the_handler_sends_only_changes_and_starts_over_after_an_error_or_a_lost_answer():
