@@ -97,7 +97,8 @@ class ReplicaManager(ReplicaHost):
         self.fetch_session_cache = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms,
-            lambda: random.randint(1, 2**31 - 1), self._on_session_partitions_left)  # fmt: skip
+            lambda: random.randint(1, 2**31 - 1),
+            on_partitions_left=self._on_session_partitions_left)  # fmt: skip
         self._session_wakers: dict[int, asyncio.Event] = {}  # a session's waiting fetch
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
@@ -305,14 +306,15 @@ class ReplicaManager(ReplicaHost):
             self._session_wakers[session.session_id] = waker
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
-        recorded: set | None = None  # what the first read recorded of the follower's positions
+        first = True  # the first read records a follower's positions; re-reads do not
         try:
             while True:
                 positions = _positions(request)
-                read = self.read_fetch(request.replica_id, positions, request.max_bytes,
-                                       recorded is None, follower_session)  # fmt: skip
-                if recorded is None:
-                    recorded = {p.tp for p in positions}
+                read = self.read_fetch(request.replica_id, positions, request.max_bytes, first,
+                                       follower_session)  # fmt: skip
+                if first:
+                    context.first_read_done()
+                    first = False
                 remaining = deadline - loop.time()
                 if read.answerable(request.min_bytes) or remaining <= 0:
                     break
@@ -328,11 +330,8 @@ class ReplicaManager(ReplicaHost):
         finally:
             if waker is not None and self._session_wakers.get(session.session_id) is waker:
                 del self._session_wakers[session.session_id]
-        # read again next time whatever they answer: records max_bytes left, and partitions
-        # that moved after the first read (their follower's fetch is recorded by a first read)
-        again = {p.tp for p, r in zip(positions, read.partitions, strict=True)
-                 if r.unread or p.tp not in recorded}  # fmt: skip
-        return context.respond(self._responses(request, read.partitions), again)
+        unread = {p.tp for p, r in zip(positions, read.partitions, strict=True) if r.unread}
+        return context.respond(self._responses(request, read.partitions), unread)
 
     @staticmethod
     def _responses(request: FetchRequest, reads: list) -> list[tuple[str, list]]:

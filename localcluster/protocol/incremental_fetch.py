@@ -106,6 +106,7 @@ class FetchSession:
     # (`FetchSessionCache.on_partitions_changed`), and those whose last answer said something
     # or left records unread. The others are idle: read, they would answer nothing.
     active: dict[TopicPartition, None] = field(default_factory=dict)
+    moved: set[TopicPartition] = field(default_factory=set)  # since its last first read
     owner: object = None  # the runtime's (the leader's view of a follower's session)
 
 
@@ -130,10 +131,17 @@ class FetchContext:
         return _request_over(self.request, [(tp[0], session.partitions[tp].fetch)
                                             for tp in session.active])  # fmt: skip
 
-    def respond(self, responses: Responses, again=frozenset()) -> Responses:
-        """The response's partitions from the reads' answers. `again`: partitions the next
-        fetch reads whatever they answered (records max_bytes left; moves its first read did
-        not see, so its follower's position was recorded before them)."""
+    def first_read_done(self) -> None:
+        """The first read (the one that records a follower's positions) is over: partitions
+        that move from now on are read again by the session's next fetch, whatever this one
+        answers of them (a follower's fetch is recorded by a first read: an ISR expansion that
+        did not land is proposed again there)."""
+        if self.session is not None:
+            self.session.moved.clear()
+
+    def respond(self, responses: Responses, unread=frozenset()) -> Responses:
+        """The response's partitions from the reads' answers. `unread`: partitions whose
+        records max_bytes left to the next fetch."""
         session = self.session
         if session is None:
             return responses
@@ -153,7 +161,7 @@ class FetchContext:
                 if answer.records:  # to the end: the next read starts with the others
                     active.pop(tp, None)
                     active[tp] = None
-                elif new or tp in again:
+                elif new or tp in unread or tp in session.moved:
                     active[tp] = None
                 else:
                     active.pop(tp, None)
@@ -183,6 +191,7 @@ class FetchSessionCache:
             for session_id in self._watchers.get(tp, ()):
                 session = self.sessions[session_id]
                 session.active[tp] = None
+                session.moved.add(tp)
                 touched[session_id] = session
         return list(touched.values())
 

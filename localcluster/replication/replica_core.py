@@ -486,12 +486,10 @@ class ReplicaCore:
         if hosted is None or hosted.state.leader_epoch != update.leader_epoch:
             return EMPTY
         p = hosted.state
-        if not written and zk_version is None:  # fenced: the controller's LeaderAndIsr follows
-            p.on_isr_update_failed(zk_version)
-            return EMPTY
         ready = self._out()
         # A fetch session reads it again, so the follower's next fetch is recorded: an expansion
-        # that clashed is proposed again there (a session holds idle only members of the ISR).
+        # that did not land is proposed again there, as on every fetch in Kafka (a session holds
+        # idle only members of the ISR).
         ready.wake_fetches.add(tp)
         if not written:
             p.on_isr_update_failed(zk_version)

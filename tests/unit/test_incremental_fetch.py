@@ -104,6 +104,23 @@ def test_records_left_unread_by_max_bytes_are_read_again_though_they_answered_no
     assert read_names(cache.context(request([], 4, 2), True, 0)) == [("t", 1)]
 
 
+def test_a_move_after_the_first_read_is_read_again_by_the_next_fetch_whatever_it_answers():
+    # A follower's fetch is recorded by its first read: an ISR expansion whose write clashed
+    # while the fetch waited must reach the next fetch's first read to be proposed again.
+    cache = FetchSessionCache(new_session_id=lambda: 6)
+    full = cache.context(request(positions(0, 0)), True, now_ms=0)
+    full.respond(answers_for(full.read(), {("t", 0): 0, ("t", 1): 0}))
+    inc = cache.context(request([], 6, 1), True, now_ms=0)
+    inc.first_read_done()
+    cache.on_partitions_changed([("t", 0)])  # while it waits
+    assert inc.respond(answers_for(inc.read(), {("t", 0): 0, ("t", 1): 0})) == []
+    following = cache.context(request([], 6, 2), True, now_ms=0)
+    assert read_names(following) == [("t", 0)]
+    following.first_read_done()
+    assert following.respond(answers_for(following.read(), {("t", 0): 0})) == []
+    assert read_names(cache.context(request([], 6, 3), True, now_ms=0)) == []
+
+
 def test_a_change_touches_only_the_sessions_holding_the_partition():
     ids = iter(range(1, 100))
     cache = FetchSessionCache(new_session_id=lambda: next(ids))

@@ -386,8 +386,9 @@ def test_the_isr_shrinks_a_lagging_follower_and_a_fenced_write_changes_nothing()
         state IsrProposed [1, 2] -> [1] at v0
         isr-write [1] at v0""")
     assert rt.step(rt.core.maybe_shrink_isr(102)) == ""  # one proposal at a time
-    # Another leader or epoch is in the store (a conflicting write won): nothing applied.
-    assert rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], False, None)) == ""
+    # Another leader or epoch is in the store (a conflicting write won): nothing applied (the
+    # fetch sessions read the partition again: a follower's next fetch may propose again).
+    assert rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], False, None)) == "wake fetches"
     p = rt.core.partitions[TP].state
     assert (p.isr, p.pending_isr, p.zk_version) == ({1, 2}, None, 0)
     # Only the version moved: the next proposal uses it.
