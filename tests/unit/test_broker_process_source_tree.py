@@ -15,12 +15,14 @@ def test_a_broker_started_from_another_source_tree_runs_that_trees_code(tmp_path
     (tree / "localcluster" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     # Stands in for the other commit's broker: says where it runs from, then "ready", then exits.
-    (package / "__main__.py").write_text(textwrap.dedent("""
+    (package / "__main__.py").write_text(
+        textwrap.dedent("""
         import os, sys
         import localcluster
         print("code from", os.path.dirname(localcluster.__file__), flush=True)
         print(f"broker {sys.argv[2]} ready on 127.0.0.1:1 (pid {os.getpid()})", flush=True)
-    """))
+    """)
+    )
     cluster_dir = tmp_path / "cluster"
     cluster_dir.mkdir()
     broker = BrokerProcess(7, cluster_dir, {}, source_tree=tree)

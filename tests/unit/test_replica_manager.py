@@ -104,6 +104,7 @@ def test_a_leader_and_isr_needs_the_configs_of_the_topics_it_starts_hosting_only
     """Kafka reads a topic's config when it creates the partition; a hosted partition has its
     configs (AlterConfigs reaches it through apply_topic_config), so a new controller's full
     LeaderAndIsr of hosted partitions reads nothing from the store."""
+
     async def run():
         manager = ReplicaManager(BrokerConfig(broker_id=1), tmp_path / "data", tmp_path)
         hosted = PartitionState("t", 0, 1, 1, 0, (1, 2), 0, (1, 2))
