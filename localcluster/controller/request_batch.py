@@ -39,8 +39,9 @@ class RequestBatch:
 
     def drop_leader_and_isr(self, partitions: Iterable[TopicPartition]) -> None:
         """Send these partitions to nobody after all (a later batch carries their new state)."""
+        dropped = set(partitions)  # read once: an iterator would be spent by the first broker
         for states in self.leader_and_isr.values():
-            for tp in partitions:
+            for tp in dropped:
                 states.pop(tp, None)
         for broker in [b for b, states in self.leader_and_isr.items() if not states]:
             del self.leader_and_isr[broker]
