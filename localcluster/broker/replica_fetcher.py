@@ -8,11 +8,19 @@ many partitions), decodes the answer into the core's terms and carries out the R
 handshake) is reported as failed; only reconnecting backs off here (exponentially, as a
 client's reconnect.backoff.ms). When the core abandons the request in flight (a partition
 joined the session), the fetcher hangs up so the leader frees the long poll at once.
+
+A fetcher that stops on an error nobody expected (a bug, or storage failing under a follower
+append) is not left dead: with no fetcher, its partitions would fall out of every ISR and stay
+out until the next LeaderAndIsr for that leader. The manager logs the error with its traceback,
+reports the request it was carrying as failed (so the core's session may plan again) and starts
+a new fetcher a second later. Kafka's fetcher thread likewise survives such an
+error: it marks the partition failed and goes on with the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from localcluster.backoff import ExponentialBackoff
@@ -44,6 +52,7 @@ BACKOFF_MAX_S = 1.0  # the longest the loop sleeps: a reconnect, or a wait for w
 RECONNECT_BACKOFF = ExponentialBackoff(initial_s=0.05, max_s=BACKOFF_MAX_S)
 FETCH_MAX_BYTES = 32 << 20
 PARTITION_FETCH_MAX_BYTES = 8 << 20
+RESTART_AFTER_S = 1.0  # a fetcher that died on a bug: once a second at most, not in a spin
 CONNECTION_ERRORS = (KafkaError, ConnectionError, OSError, TimeoutError)  # incl. SASL refusals
 
 
@@ -56,13 +65,14 @@ class ReplicaFetcher:
         self.task: asyncio.Task | None = None
         self._sending = False
         self._interrupted = False
+        self.request = None  # the core's request this fetcher carries, until it is answered
         self.session = FetchSessionHandler()  # KIP-227: only what changed goes each time
 
     def interrupt(self) -> None:
         """The core gave up on the request in flight: hang up; the leader frees it at once."""
         if self._sending and self.connection is not None:
             self._interrupted = True
-            self.connection.close()
+            self._drop_connection()  # the leader's session goes with it, so ours starts over
 
     async def run(self) -> None:
         rm = self.manager.replica_manager
@@ -84,6 +94,8 @@ class ReplicaFetcher:
                 continue
             failures = 0
             ready = core.poll_fetch_session(self.leader_id, rm.now_ms())
+            if ready.requests:
+                self.request = ready.requests[0]
             rm.execute(ready)
             if not ready.requests:
                 await self._wait_for_work(core.fetch_session_wakeup_ms(self.leader_id, rm.now_ms()))
@@ -107,10 +119,13 @@ class ReplicaFetcher:
                          e or type(e).__name__)  # fmt: skip
             else:
                 log.exception("fetcher for leader %d failed; backing off", self.leader_id)
+            self.request = None
             rm.execute(rm.core.on_fetch_request_failed(request, rm.now_ms()))
             return
         finally:
             self._sending = False
+        self._interrupted = False  # the answer came before the hang-up: the core drops it
+        self.request = None
         rm.execute(answer())
 
     async def _wait_for_work(self, wakeup_ms: int | None) -> None:
@@ -224,6 +239,7 @@ class ReplicaFetcherManager:
         self.fetch_wait_max_ms = fetch_wait_max_ms
         self.connector = connector  # broker/inter_broker.py: the socket or TCP+SASL to a leader
         self.fetchers: dict[int, ReplicaFetcher] = {}
+        self._closed = False
 
     def on_sessions(self, leaders, abandoned) -> None:
         """A Ready's `fetch_sessions` (poll, start or stop) and `abandoned` (hang up)."""
@@ -236,10 +252,36 @@ class ReplicaFetcherManager:
             if fetcher is not None and fetcher.task is not None and not fetcher.task.done():
                 fetcher.changed.set()
             elif self.replica_manager.core.has_fetch_session(leader_id):
-                fetcher = self.fetchers[leader_id] = ReplicaFetcher(leader_id, self)
-                fetcher.task = asyncio.get_running_loop().create_task(fetcher.run())
+                self._start(leader_id)
+
+    def _start(self, leader_id: int) -> None:
+        fetcher = self.fetchers[leader_id] = ReplicaFetcher(leader_id, self)
+        fetcher.task = asyncio.get_running_loop().create_task(fetcher.run())
+        fetcher.task.add_done_callback(functools.partial(self._on_fetcher_done, fetcher))
+
+    def _on_fetcher_done(self, fetcher: ReplicaFetcher, task: asyncio.Task) -> None:
+        """A fetcher that raised: say so, free its request in the core and start another."""
+        if task.cancelled() or task.exception() is None:
+            return  # closed, or its session ended
+        rm = self.replica_manager
+        log.error("fetcher for leader %d stopped on an unexpected error; its partitions are not "
+                  "replicated until it starts again in %.1f s. This is a bug: please report it "
+                  "with this traceback", fetcher.leader_id, RESTART_AFTER_S,
+                  exc_info=task.exception())  # fmt: skip
+        fetcher._drop_connection()
+        request, fetcher.request = fetcher.request, None
+        if request is not None:
+            rm.execute(rm.core.on_fetch_request_failed(request, rm.now_ms()))
+        asyncio.get_running_loop().call_later(RESTART_AFTER_S, self._restart, fetcher)
+
+    def _restart(self, fetcher: ReplicaFetcher) -> None:
+        leader_id = fetcher.leader_id
+        if self.fetchers.get(leader_id) is fetcher and not self._closed:
+            if self.replica_manager.core.has_fetch_session(leader_id):
+                self._start(leader_id)
 
     async def close(self) -> None:
+        self._closed = True
         await cancel_and_wait(*(f.task for f in self.fetchers.values()))
         for fetcher in self.fetchers.values():
             fetcher._drop_connection()
