@@ -114,12 +114,18 @@ def commit_samples_kafka_python(bootstrap: str, group: str, topic: str, samples:
     from kafka.errors import KafkaError
     from kafka.structs import OffsetAndMetadata, TopicPartition
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
                              enable_auto_commit=False, auto_offset_reset="earliest")  # fmt: skip
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     out = {"commit_s": [], "produce_s": [], "errors": {}, "missed_slots": 0}
     partition = TopicPartition(topic, 0)
     try:
+        # kafka-python 3.0 races its first metadata against its first rebalance: with
+        # group.initial.rebalance.delay.ms at 0, a JoinGroup answered first can leave the member
+        # with no partitions and no rejoin (tests/integration/test_consumer_groups.py). It
+        # subscribes once it has seen the topic, as an application should with this client.
+        _until(lambda: consumer.partitions_for_topic(topic), f"topic {topic} in the metadata")
+        consumer.subscribe([topic])
         _until(lambda: consumer.poll(50) is not None and consumer.assignment(), "an assignment")
         schedule = Schedule(period_s)
         for i in range(samples):
