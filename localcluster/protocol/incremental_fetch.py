@@ -31,6 +31,13 @@ Kafka's rules (FetchSession.scala, FetchSessionHandler.java):
   answer said something or left records unread. A partition whose read answered nothing is
   idle until one of those happens, so reading it would answer nothing again. At thousands of
   mostly idle partitions the walk over all of them was most of an idle broker's time.
+- Ours, not Kafka's: a follower has one session with each leader (it runs one fetcher per
+  leader, as Kafka's num.replica.fetchers=1), so its new session closes any other it has
+  here. A full fetch sent before the follower hung up and read after the one that replaced it
+  would otherwise open a second session that the follower never uses; the leader counts a
+  fetch of an idle partition only from the session that holds it (partition.py,
+  FollowerFetchSession), so partitions held by that session would stop being fetched in the
+  leader's eyes and fall out of the ISR while their follower fetched on.
 - The cache holds at most `max.incremental.fetch.session.cache.slots` sessions (Kafka's 1000;
   a slot is a session of any size, as Kafka's FetchSessionCache counts them: counting
   partitions left a follower of 1,000 partitions without one). A session that does not fit
@@ -233,6 +240,10 @@ class FetchSessionCache:
         return FetchContext(0, session_id, request, session, True)
 
     def _create(self, request: FetchRequest, privileged: bool, now_ms: int) -> FetchContext:
+        if privileged:  # a follower's new session replaces any other it has here
+            for other in [s for s in self.sessions.values()
+                          if s.privileged and s.replica_id == request.replica_id]:  # fmt: skip
+                self._remove(other)
         partitions = {(topic, p.partition): CachedPartition(p)
                       for topic, ps in request.topics for p in ps}  # fmt: skip
         if not partitions or not self._make_room(privileged, now_ms):

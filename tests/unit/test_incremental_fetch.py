@@ -125,7 +125,7 @@ def test_a_change_touches_only_the_sessions_holding_the_partition():
     ids = iter(range(1, 100))
     cache = FetchSessionCache(new_session_id=lambda: next(ids))
     a = cache.context(request(positions(0, 0)), True, now_ms=0).session_id
-    b = cache.context(request(positions(0, topic="u")), True, now_ms=0).session_id
+    b = cache.context(request(positions(0, topic="u"), replica_id=2), True, 0).session_id
     assert [s.session_id for s in cache.on_partitions_changed([("u", 0)])] == [b]
     assert [s.session_id for s in cache.on_partitions_changed([("t", 1), ("x", 0)])] == [a]
     cache.context(request([], a, FINAL_EPOCH), True, now_ms=0)
@@ -144,6 +144,27 @@ def test_partitions_leaving_a_session_are_reported_forgotten_closed_or_evicted()
     assert left[-1] == (first, [("t", 1)])
     cache.context(request(positions(0), second, INITIAL_EPOCH), True, now_ms=0)  # closes it
     assert left[-1] == (second, [("t", 0)])
+
+
+def test_a_followers_new_session_closes_its_other_one_and_no_one_elses():
+    # A follower hangs up on a full fetch (a partition joined its session) and sends another;
+    # the leader may read the first after the second. Its session would hold the follower's
+    # partitions though the follower never fetches on it.
+    ids = iter(range(1, 100))
+    left = []
+    cache = FetchSessionCache(new_session_id=lambda: next(ids),
+                              on_partitions_left=lambda s, tps: left.append((s.session_id, tps)))  # fmt: skip
+    other_follower = cache.context(request(positions(0), replica_id=2), True, 0).session_id
+    consumer = cache.context(request(positions(0), replica_id=-1), False, 0).session_id
+    consumer_too = cache.context(request(positions(0), replica_id=-1), False, 0).session_id
+    newer = cache.context(request(positions(0, 0)), True, now_ms=0).session_id
+    stale = cache.context(request(positions(0, 0)), True, now_ms=1).session_id  # read late
+    assert set(cache.sessions) == {other_follower, consumer, consumer_too, stale}
+    assert left == [(newer, [("t", 0), ("t", 1)])]  # its partitions' fetches count no more
+    # the follower's next incremental fetch on the session it knows starts it over
+    assert cache.context(request([], newer, 1), True, 2).error == FETCH_SESSION_ID_NOT_FOUND
+    again = cache.context(request(positions(0, 0), newer, INITIAL_EPOCH), True, 3).session_id
+    assert set(cache.sessions) == {other_follower, consumer, consumer_too, again}
 
 
 def test_unknown_sessions_and_wrong_epochs_are_refused_and_the_final_epoch_closes():
@@ -175,7 +196,7 @@ def test_a_full_cache_evicts_an_idle_or_a_consumer_session_but_never_a_busy_foll
     late = cache.context(request(positions(0, 0), replica_id=-1), False, now_ms=10)
     assert late.session_id == 0 and set(cache.sessions) == {follower, consumer}
     # a follower pushes out the consumer's
-    other = cache.context(request(positions(0, 0)), True, now_ms=20).session_id
+    other = cache.context(request(positions(0, 0), replica_id=2), True, now_ms=20).session_id
     assert set(cache.sessions) == {follower, other}
     # a session idle for the eviction time gives way to anyone
     cache.context(request([], other, 1), True, now_ms=1500)
