@@ -127,6 +127,10 @@ def commit_samples_kafka_python(bootstrap: str, group: str, topic: str, samples:
         _until(lambda: consumer.partitions_for_topic(topic), f"topic {topic} in the metadata")
         consumer.subscribe([topic])
         _until(lambda: consumer.poll(50) is not None and consumer.assignment(), "an assignment")
+        # Untimed: a first commit that succeeds. kafka-python may rejoin right after its first
+        # assignment, and its commits raise RebalanceInProgressError until a poll ends that.
+        _until(lambda: _committed_once(consumer, {partition: OffsetAndMetadata(0, "", -1)}),
+               "a first commit")  # fmt: skip
         schedule = Schedule(period_s)
         for i in range(samples):
             for kind, call in (
@@ -142,6 +146,18 @@ def commit_samples_kafka_python(bootstrap: str, group: str, topic: str, samples:
         consumer.close(autocommit=False)
         producer.close(5)
     return out
+
+
+def _committed_once(consumer, offsets) -> bool:
+    """kafka-python: commit `offsets`; on an error, poll (which rejoins the group) and say no."""
+    from kafka.errors import KafkaError
+
+    try:
+        consumer.commit(offsets)
+        return True
+    except KafkaError:
+        consumer.poll(50)
+        return False
 
 
 def _until(predicate: Callable[[], object], what: str, timeout_s: float = WAIT_S) -> None:
