@@ -114,13 +114,23 @@ def commit_samples_kafka_python(bootstrap: str, group: str, topic: str, samples:
     from kafka.errors import KafkaError
     from kafka.structs import OffsetAndMetadata, TopicPartition
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
                              enable_auto_commit=False, auto_offset_reset="earliest")  # fmt: skip
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     out = {"commit_s": [], "produce_s": [], "errors": {}, "missed_slots": 0}
     partition = TopicPartition(topic, 0)
     try:
+        # kafka-python 3.0 races its first metadata against its first rebalance: with
+        # group.initial.rebalance.delay.ms at 0, a JoinGroup answered first can leave the member
+        # with no partitions and no rejoin (tests/integration/test_consumer_groups.py). It
+        # subscribes once it has seen the topic, as an application should with this client.
+        _until(lambda: consumer.partitions_for_topic(topic), f"topic {topic} in the metadata")
+        consumer.subscribe([topic])
         _until(lambda: consumer.poll(50) is not None and consumer.assignment(), "an assignment")
+        # Untimed: a first commit that succeeds. kafka-python may rejoin right after its first
+        # assignment, and its commits raise RebalanceInProgressError until a poll ends that.
+        _until(lambda: _committed_once(consumer, {partition: OffsetAndMetadata(0, "", -1)}),
+               "a first commit")  # fmt: skip
         schedule = Schedule(period_s)
         for i in range(samples):
             for kind, call in (
@@ -136,6 +146,18 @@ def commit_samples_kafka_python(bootstrap: str, group: str, topic: str, samples:
         consumer.close(autocommit=False)
         producer.close(5)
     return out
+
+
+def _committed_once(consumer, offsets) -> bool:
+    """kafka-python: commit `offsets`; on an error, poll (which rejoins the group) and say no."""
+    from kafka.errors import KafkaError
+
+    try:
+        consumer.commit(offsets)
+        return True
+    except KafkaError:
+        consumer.poll(50)
+        return False
 
 
 def _until(predicate: Callable[[], object], what: str, timeout_s: float = WAIT_S) -> None:

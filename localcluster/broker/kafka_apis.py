@@ -38,7 +38,6 @@ from localcluster.protocol.api import (
     read_request_header,
     response_header,
 )
-from localcluster.protocol.incremental_fetch import FetchSessionCache
 from localcluster.protocol.wire import MalformedRequestError, Reader
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,6 @@ class KafkaApis:
         }  # fmt: skip
         self.controller = None  # KafkaController, set by the server
         self.producer_ids = None  # ProducerIdManager, set by the server
-        self.fetch_sessions = FetchSessionCache()  # KIP-227's, sized by the server
         self.on_replicas_changed = lambda: None  # the group coordinator's, set by the server
 
     def add_handlers(self, handlers: dict) -> None:
@@ -233,11 +231,11 @@ class KafkaApis:
                 [(topic, [fetch.FetchPartitionResponse(p.partition, TOPIC_AUTHORIZATION_FAILED)
                           for p in partitions]) for topic, partitions in request.topics],
                 header.api_version)  # fmt: skip
-        session = self.fetch_sessions.context(request, request.replica_id >= 0,
-                                              self.replica_manager.now_ms())  # fmt: skip
+        session = self.replica_manager.fetch_session_cache.context(
+            request, request.replica_id >= 0, self.replica_manager.now_ms())  # fmt: skip
         if session.error:
             return fetch.write_fetch_response([], header.api_version, session.error)
-        responses = session.respond(await self.replica_manager.fetch(session.read))
+        responses = await self.replica_manager.fetch(session)
         self.replica_manager.metrics.record_fetch(
             sum(p.records_size for _, partitions in responses for p in partitions))  # fmt: skip
         return fetch.write_fetch_response(responses, header.api_version, 0, session.session_id)

@@ -24,7 +24,7 @@ from localcluster.broker.config import BrokerConfig
 from localcluster.broker.log_manager import LogManager
 from localcluster.replication import errors
 from localcluster.replication import ready as r
-from localcluster.replication.partition import IsrUpdate
+from localcluster.replication.partition import FollowerFetchSession, IsrUpdate
 from localcluster.replication.replica_core import (
     HostedReplica,
     ReplicaConfig,
@@ -118,6 +118,7 @@ class PartitionRead:
     high_watermark: int = -1
     log_start_offset: int = -1
     records: tuple = ()  # the log's file slices
+    unread: bool = False  # records were there, but the fetch's max_bytes was spent
 
     @property
     def size(self) -> int:
@@ -174,8 +175,9 @@ class ReplicaHost:
     def answer_produce(self, key, error: int) -> None:
         pass
 
-    def wake_fetches(self) -> None:
-        pass
+    def wake_fetches(self, tps: set[TopicPartition]) -> None:
+        """`tps` moved (log end, HW, log start, leadership, ISR): waiting fetches on them read
+        again."""
 
     def on_fetch_sessions(self, leaders: set[int], abandoned: set[int],
                           requests: list) -> None:  # fmt: skip
@@ -209,7 +211,7 @@ class ReplicaHost:
         for key, error in ready.produce_answers:
             self.answer_produce(key, error)
         if ready.wake_fetches:
-            self.wake_fetches()
+            self.wake_fetches(ready.wake_fetches)
         if ready.fetch_sessions or ready.abandoned or ready.requests:
             self.on_fetch_sessions(ready.fetch_sessions, ready.abandoned, ready.requests)
         if ready.wakeup_at_ms is not None:
@@ -281,6 +283,8 @@ class ReplicaHost:
             self.core.on_log_start_offset(tp)
             self.note(logging.INFO, f"{tp[0]}-{tp[1]}: retention moved the log start to "
                       f"{self.log_manager.logs[tp].log_start_offset}")  # fmt: skip
+        if moved:
+            self.wake_fetches(set(moved))  # the fetch sessions answer the new start
         self.log_manager.expire_producers()
         return moved
 
@@ -366,17 +370,19 @@ class ReplicaHost:
         return result
 
     def read_fetch(self, replica_id: int, positions: Sequence[FetchPosition], max_bytes: int,
-                   record: bool) -> FetchRead:  # fmt: skip
+                   record: bool, session: FollowerFetchSession | None = None) -> FetchRead:  # fmt: skip
         """A Fetch's reads: a follower's (replica_id >= 0) to the log end, a consumer's to the
         HW; at most `max_bytes` in all (<= 0: no bound), at least one batch of the first
         partition with data (KIP-74). `record` (a fetch's first read, not a re-read after a
         wait): the follower's positions go to the core first, which may move the HW or
-        expand the ISR."""
+        expand the ISR. `session`: the follower's incremental fetch session, which names
+        only what changed; its fetch counts for the partitions it holds idle too."""
         follower = replica_id >= 0
         if follower and record:
             fetched = ((p.tp, p.fetch_offset, p.current_leader_epoch, p.log_start_offset)
                        for p in positions)  # fmt: skip
-            self.execute(self.core.record_follower_fetch(replica_id, fetched, self.now_ms()))
+            self.execute(self.core.record_follower_fetch(replica_id, fetched, self.now_ms(),
+                                                         session))  # fmt: skip
         budget = max_bytes if max_bytes > 0 else 1 << 30
         out, total, failed = [], 0, False
         for p in positions:
@@ -398,8 +404,12 @@ class ReplicaHost:
             return PartitionRead(error)
         lg, hw = self.log_manager.logs[tp], hosted.state.high_watermark
         found = PartitionRead(errors.NONE, hw, lg.log_start_offset)
-        if (max_bytes <= 0 and not first) or fetch_offset == lg.log_end_offset:
-            return found  # nothing to read: an idle partition of a fetch session costs no lookup
+        end = lg.log_end_offset if follower else hw
+        if fetch_offset == lg.log_end_offset:
+            return found  # nothing to read: an idle partition costs no lookup
+        if max_bytes <= 0 and not first:
+            found.unread = fetch_offset < end
+            return found
         try:
             result = lg.read(fetch_offset, max(max_bytes, 1), None if follower else hw, first)
         except OffsetOutOfRangeError:

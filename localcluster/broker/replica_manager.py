@@ -8,8 +8,12 @@ writes, and the wire types. Its loop is always the same: event (a request, an an
 - LeaderAndIsr / StopReplica: open the logs the core will host, then the core's step.
 - Produce: the core checks, the log appends, the core parks acks=all until the HW passes.
 - Fetch from a consumer reads up to the HW; from a follower up to the log end, after the core
-  recorded the follower's position (which may move the HW or expand the ISR). Long polls wait
-  on `AppendNotifier`, which the Ready's `wake_fetches` wakes.
+  recorded the follower's position (which may move the HW or expand the ISR). A fetch of an
+  incremental session (KIP-227, the cache is here) reads only the partitions its follower
+  named or that moved since (the Ready's `wake_fetches` names them), and its long poll wakes
+  only for those: as Kafka's DelayedFetch, watched per partition, an append does not make
+  every waiting follower read all it follows. Sessionless long polls wait on
+  `AppendNotifier`, which any change wakes.
 - ISR writes go to the store through `IsrWriter`; follower fetching is replica_fetcher.py's.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,9 +46,10 @@ from localcluster.protocol.controller_requests import (
     StopReplicaRequest,
 )
 from localcluster.protocol.fetch import FetchPartitionResponse, FetchRequest
+from localcluster.protocol.incremental_fetch import FetchContext, FetchSession, FetchSessionCache
 from localcluster.protocol.produce import ProducePartitionResponse
 from localcluster.replication import ready as r
-from localcluster.replication.partition import IsrUpdate
+from localcluster.replication.partition import FollowerFetchSession, IsrUpdate
 from localcluster.storage import LogConfig
 from localcluster.topic_config import TopicConfig, resolve_broker_defaults
 
@@ -86,7 +92,14 @@ class ReplicaManager(ReplicaHost):
                          LogManager(data_dir, checkpoint_dir, self.log_config,
                                     lambda: int(time.time() * 1000),
                                     config.producer_id_expiration_ms))  # fmt: skip
-        self.notifier = AppendNotifier()
+        self.notifier = AppendNotifier()  # sessionless long polls and DeleteRecords
+        # KIP-227's sessions; a partition that leaves a follower's stops counting its fetches
+        self.fetch_session_cache = FetchSessionCache(
+            config.max_incremental_fetch_session_cache_slots,
+            config.min_incremental_fetch_session_eviction_ms,
+            lambda: random.randint(1, 2**31 - 1),
+            on_partitions_left=self._on_session_partitions_left)  # fmt: skip
+        self._session_wakers: dict[int, asyncio.Event] = {}  # a session's waiting fetch
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
@@ -159,8 +172,16 @@ class ReplicaManager(ReplicaHost):
         if not future.done():
             future.set_result(error)
 
-    def wake_fetches(self) -> None:
+    def wake_fetches(self, tps) -> None:
         self.notifier.notify()
+        for session in self.fetch_session_cache.on_partitions_changed(tps):
+            waker = self._session_wakers.get(session.session_id)
+            if waker is not None:
+                waker.set()
+
+    def _on_session_partitions_left(self, session: FetchSession, tps) -> None:
+        if isinstance(session.owner, FollowerFetchSession):
+            self.core.on_fetch_session_forgot(session.replica_id, tps, session.owner)
 
     def on_fetch_sessions(self, leaders, abandoned, requests) -> None:
         # A fetcher sends what its own poll planned (`requests`): see replica_fetcher.py.
@@ -271,20 +292,46 @@ class ReplicaManager(ReplicaHost):
 
     # -- fetch --------------------------------------------------------------------------------
 
-    async def fetch(self, request: FetchRequest) -> list[tuple[str, list[FetchPartitionResponse]]]:
-        """Read, and if fewer than min_bytes are there, wait for appends up to max_wait_ms."""
-        positions = [FetchPosition((topic, p.partition), p.fetch_offset, p.current_leader_epoch,
-                                   p.log_start_offset, p.partition_max_bytes)
-                     for topic, partitions in request.topics for p in partitions]  # fmt: skip
+    async def fetch(self, context: FetchContext) -> list[tuple[str, list[FetchPartitionResponse]]]:
+        """Read, and if fewer than min_bytes are there, wait for appends up to max_wait_ms; the
+        response's partitions as the fetch session (`context`) answers them."""
+        request, session = context.read(), context.session
+        follower_session = None
+        if session is not None and request.replica_id >= 0:
+            if session.owner is None:
+                session.owner = FollowerFetchSession()
+            follower_session = session.owner
+        waker = None if session is None else asyncio.Event()
+        if waker is not None:
+            self._session_wakers[session.session_id] = waker
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
-        record = True
-        while True:
-            read = self.read_fetch(request.replica_id, positions, request.max_bytes, record)
-            record, remaining = False, deadline - loop.time()
-            if read.answerable(request.min_bytes) or remaining <= 0:
-                return self._responses(request, read.partitions)
-            await self.notifier.wait(remaining)
+        first = True  # the first read records a follower's positions; re-reads do not
+        try:
+            while True:
+                positions = _positions(request)
+                read = self.read_fetch(request.replica_id, positions, request.max_bytes, first,
+                                       follower_session)  # fmt: skip
+                if first:
+                    context.first_read_done()
+                    first = False
+                remaining = deadline - loop.time()
+                if read.answerable(request.min_bytes) or remaining <= 0:
+                    break
+                if waker is None:
+                    await self.notifier.wait(remaining)
+                    continue
+                waker.clear()
+                try:
+                    await asyncio.wait_for(waker.wait(), remaining)
+                except TimeoutError:
+                    pass
+                request = context.read()
+        finally:
+            if waker is not None and self._session_wakers.get(session.session_id) is waker:
+                del self._session_wakers[session.session_id]
+        unread = {p.tp for p, r in zip(positions, read.partitions, strict=True) if r.unread}
+        return context.respond(self._responses(request, read.partitions), unread)
 
     @staticmethod
     def _responses(request: FetchRequest, reads: list) -> list[tuple[str, list]]:
@@ -342,6 +389,12 @@ class ReplicaManager(ReplicaHost):
                              leader_epoch: int) -> tuple[int, int, int]:  # fmt: skip
         """OffsetForLeaderEpoch: (error code, epoch, end offset), answered by the leader."""
         return self.core.end_offset_for_epoch(tp, current_leader_epoch, leader_epoch)
+
+
+def _positions(request: FetchRequest) -> list[FetchPosition]:
+    return [FetchPosition((topic, p.partition), p.fetch_offset, p.current_leader_epoch,
+                          p.log_start_offset, p.partition_max_bytes)
+            for topic, partitions in request.topics for p in partitions]  # fmt: skip
 
 
 def _report_checkpoint_failure(future: concurrent.futures.Future) -> None:

@@ -25,7 +25,6 @@ import gc
 import hashlib
 import logging
 import os
-import random
 import signal
 import socket
 import tempfile
@@ -69,7 +68,6 @@ from localcluster.controller.controller import KafkaController
 from localcluster.coord import SessionExpiredError, paths
 from localcluster.metadata_types import BrokerRegistration, EndPoint
 from localcluster.metrics import MetricsBoard, loop_probe
-from localcluster.protocol.incremental_fetch import FetchSessionCache
 from localcluster.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -241,9 +239,6 @@ class BrokerServer:
                                  store_scram_lookup(self.metadata.zk),
                                  c.connection_failed_authentication_delay_ms)  # fmt: skip
         apis = KafkaApis(self.replica_manager, self.metadata, Authorizer(c.super_user_names), sasl)
-        apis.fetch_sessions = FetchSessionCache(c.max_incremental_fetch_session_cache_slots,
-                                                c.min_incremental_fetch_session_eviction_ms,
-                                                lambda: random.randint(1, 2**31 - 1))  # fmt: skip
         apis.producer_ids = ProducerIdManager(c.broker_id, lambda: self.coord)
         self.group_coordinator = GroupCoordinator(self.replica_manager, c,
                                                   self.metadata.offsets_partition_count)  # fmt: skip

@@ -57,6 +57,19 @@ class IsrUpdate:
         return tuple(current.isr) == tuple(self.isr), version
 
 
+@dataclass(slots=True, eq=False)
+class FollowerFetchSession:
+    """A follower's incremental fetch session as a leader's ISR rules see it: the time of its
+    last fetch. Every fetch of the session counts, at the same position, for each partition it
+    holds idle at the leader's end (`ReplicaState.fetch_session`): Kafka records a caught-up
+    time per partition on every fetch; one clock per session does the same without a write
+    per idle partition per fetch. The runtime names the session's fetches
+    (`record_follower_fetch`) and the partitions it forgets; once it ends, its clock stops and
+    the partitions it held fall behind as a follower that stopped fetching them."""
+
+    last_fetch_ms: int = 0
+
+
 @dataclass(slots=True)
 class ReplicaState:
     """A follower as the leader sees it, from its fetches (Kafka's Replica on the leader)."""
@@ -66,6 +79,24 @@ class ReplicaState:
     last_fetch_leader_log_end_offset: int = -1
     last_fetch_time_ms: int = 0
     log_start_offset: int = -1  # from its fetches: DeleteRecords waits for it (low watermark)
+    # The session that fetches this partition idle: a member of the ISR at the leader's end,
+    # whose position nothing has changed since. Its fetches count as this partition's
+    # (`caught_up_time_ms`) until `unpark` writes them in (an append, a fetch that names it).
+    fetch_session: FollowerFetchSession | None = None
+
+    def caught_up_time_ms(self) -> int:
+        session = self.fetch_session
+        return self.last_caught_up_time_ms if session is None else max(
+            self.last_caught_up_time_ms, session.last_fetch_ms)  # fmt: skip
+
+    def unpark(self) -> None:
+        """The session's last fetch, written in as this partition's: Kafka's values after it
+        (the leader's end has not moved while the partition was held)."""
+        session = self.fetch_session
+        if session is not None:
+            self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, session.last_fetch_ms)
+            self.last_fetch_time_ms = max(self.last_fetch_time_ms, session.last_fetch_ms)
+            self.fetch_session = None
 
 
 @dataclass(slots=True)
@@ -166,28 +197,38 @@ class Partition:
         if not self.is_leader:
             raise NotLeaderError(f"{self.topic}-{self.partition} is led by {self.leader_id}")
         assert log_end_offset >= self.log_end_offset
+        if log_end_offset != self.log_end_offset:
+            for replica in self.replicas.values():  # no longer at the end: each fetch counts
+                replica.unpark()
         self.log_end_offset = log_end_offset
         moved = self.maybe_increment_leader_hw()
         self._check()
         return moved
 
     def update_follower_fetch_state(self, replica_id: int, fetch_offset: int, now_ms: int,
-                                    log_start_offset: int = -1) -> tuple[bool, IsrUpdate | None]:  # fmt: skip
+                                    log_start_offset: int = -1,
+                                    session: FollowerFetchSession | None = None,
+                                    ) -> tuple[bool, IsrUpdate | None]:  # fmt: skip
         """A follower fetched at `fetch_offset` (its log end offset). Returns (HW moved, ISR
         expansion to write or None). As Kafka's updateFetchState: a follower is caught up
-        when it reaches the leader's end, or the end the leader had at its previous fetch."""
+        when it reaches the leader's end, or the end the leader had at its previous fetch.
+        With `session` (its incremental fetch session), a member of the ISR left at the
+        leader's end is held by the session: its later fetches count for this partition
+        without naming it (FollowerFetchSession)."""
         if not self.is_leader:
             raise NotLeaderError(f"{self.topic}-{self.partition} is led by {self.leader_id}")
         replica = self.replicas.get(replica_id)
         if replica is None:
             return False, None  # not an assigned replica (e.g. removed by reassignment)
+        replica.unpark()  # its session's earlier fetches first: this one follows them
         if (fetch_offset == replica.log_end_offset >= self.log_end_offset
                 and log_start_offset == replica.log_start_offset and replica_id in self.isr):  # fmt: skip
-            # An idle partition of a fetch session (every fetch names them all): a member
+            # An idle partition of a sessionless fetch (which names them all): a member
             # still at the leader's end. Only its times move; the HW and the ISR cannot.
             replica.last_caught_up_time_ms = max(replica.last_caught_up_time_ms, now_ms)
             replica.last_fetch_leader_log_end_offset = self.log_end_offset
             replica.last_fetch_time_ms = now_ms
+            replica.fetch_session = session
             return False, None
         if fetch_offset >= self.log_end_offset:
             replica.last_caught_up_time_ms = max(replica.last_caught_up_time_ms, now_ms)
@@ -200,8 +241,18 @@ class Partition:
         replica.log_start_offset = log_start_offset
         update = self.maybe_expand_isr(replica_id)
         moved = self.maybe_increment_leader_hw()
+        if fetch_offset >= self.log_end_offset and replica_id in self.isr:
+            replica.fetch_session = session
         self._check()
         return moved, update
+
+    def on_follower_forgot(self, replica_id: int,
+                           session: FollowerFetchSession | None = None) -> None:  # fmt: skip
+        """The follower's `session` (None: any) no longer names this partition: its fetches
+        stop counting for it."""
+        replica = self.replicas.get(replica_id)
+        if replica is not None and (session is None or replica.fetch_session is session):
+            replica.unpark()
 
     def maybe_expand_isr(self, replica_id: int) -> IsrUpdate | None:
         """Add a follower that reached the HW and the start of this leader's epoch."""
@@ -220,7 +271,7 @@ class Partition:
         if not self.is_leader or self.pending_isr is not None:
             return None
         out = sorted(r for r in self.isr if r != self.local_broker_id and
-                     now_ms - self.replicas.get(r, ReplicaState()).last_caught_up_time_ms
+                     now_ms - self.replicas.get(r, ReplicaState()).caught_up_time_ms()
                      > lag_time_max_ms)  # fmt: skip
         if not out:
             return None

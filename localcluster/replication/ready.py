@@ -13,7 +13,9 @@ append's offsets, an ISR write's outcome, a leader's answer) as the next step:
 3. `state_changes`: Leading, Following, Truncated, ... for the log (Kafka's state-change.log).
 4. `isr_writes`: conditional writes of the partition state znode; report each outcome.
 5. `produce_answers`: (key, error code) of parked produces that completed, keys as parked.
-6. `wake_fetches`: parked (long-polling) fetches read again.
+6. `wake_fetches`: the partitions whose log end, HW, log start, leadership or ISR moved:
+   parked (long-polling) fetches watching them read again, and a fetch session reads them
+   at its next fetch (it reads only what changed or what its follower names).
 7. `fetch_sessions`: leaders whose fetch session may send now: poll them (a runtime starts a
    fetcher for a new one); `abandoned`: leaders whose request in flight the core gave up on
    (hang up, so a long poll does not hold the session back). `requests`: what a poll plans.
@@ -286,7 +288,7 @@ class Ready:
     state_changes: list = field(default_factory=list)
     isr_writes: list[IsrUpdate] = field(default_factory=list)
     produce_answers: list[tuple[object, int]] = field(default_factory=list)
-    wake_fetches: bool = False
+    wake_fetches: set[TopicPartition] = field(default_factory=set)
     fetch_sessions: set[int] = field(default_factory=set)
     abandoned: set[int] = field(default_factory=set)
     requests: list = field(default_factory=list)

@@ -36,7 +36,7 @@ from typing import Protocol
 from localcluster.replication import errors
 from localcluster.replication.delayed_produce import ProducePurgatory, ProducePurgatoryFullError
 from localcluster.replication.fetch_sessions import FetchSessions, truncate_follower
-from localcluster.replication.partition import IsrUpdate, Partition
+from localcluster.replication.partition import FollowerFetchSession, IsrUpdate, Partition
 from localcluster.replication.ready import (
     EARLIEST_TIMESTAMP,
     EMPTY,
@@ -281,7 +281,7 @@ class ReplicaCore:
                                            p.log_start_offset, p.log_end_offset, p.high_watermark))  # fmt: skip
         if moved:
             self._high_watermark_moved(hosted, ready)
-        ready.wake_fetches = True
+        ready.wake_fetches.add(tp)
 
     def _make_follower(self, tp, state: PartitionStateLike, settings, ready: Ready) -> None:
         hosted = self._hosted(tp, settings)
@@ -298,7 +298,7 @@ class ReplicaCore:
                                              p.log_start_offset, p.log_end_offset, p.high_watermark))  # fmt: skip
         self.fetch_sessions.add_partition(tp, state.leader, state.leader_epoch,
                                           truncating=leader_epoch_mode, ready=ready)  # fmt: skip
-        ready.wake_fetches = True
+        ready.wake_fetches.add(tp)
 
     def stop_replicas(self, controller_epoch: int, tps: Iterable[TopicPartition], delete: bool,
                       now_ms: int) -> Ready:  # fmt: skip
@@ -318,8 +318,8 @@ class ReplicaCore:
                 self._checkpointed_hw.pop(tp, None)
                 ready.log_actions.append(DeleteLog(tp))
             ready.state_changes.append(Stopped(tp, deleted))
+            ready.wake_fetches.add(tp)
             results.append((tp, errors.NONE))
-        ready.wake_fetches = True
         ready.response = LeaderAndIsrResult(errors.NONE, tuple(results))
         return self._take()
 
@@ -354,7 +354,7 @@ class ReplicaCore:
         ready = self._out()
         if p.on_local_append(hosted.log.log_end_offset):
             self._high_watermark_moved(hosted, ready)
-        ready.wake_fetches = True
+        ready.wake_fetches.add(append.tp)
         required = last_offset + 1
         if acks == -1 and p.high_watermark < required:
             try:
@@ -381,32 +381,46 @@ class ReplicaCore:
         p = hosted.state
         ready.produce_answers.extend(self.purgatory.on_high_watermark(
             p.tp, p.high_watermark, p.in_sync_count(), hosted.min_insync_replicas))  # fmt: skip
-        ready.wake_fetches = True
+        ready.wake_fetches.add(p.tp)
 
     # -- leader: fetches and epochs --------------------------------------------------------------
 
     def record_follower_fetch(self, replica_id: int, partitions: Iterable[tuple],
-                              now_ms: int) -> Ready:  # fmt: skip
+                              now_ms: int, session: FollowerFetchSession | None = None) -> Ready:  # fmt: skip
         """A follower fetched (tp, fetch offset, the leader epoch it knows[, its log start
-        offset]) for each partition. A moved follower start wakes DeleteRecords' waiters."""
+        offset]) for each partition. A moved follower start wakes DeleteRecords' waiters.
+        `session`: the follower's incremental fetch session, whose fetch this is: the
+        partitions it holds idle (named or not: it names only changes) were fetched too."""
         for tp, fetch_offset, current_leader_epoch, *start in partitions:
             hosted = self.partitions.get(tp)
             if hosted is None or not hosted.state.is_leader:
                 continue
             if current_leader_epoch != hosted.state.leader_epoch:
+                hosted.state.on_follower_forgot(replica_id)  # a fenced fetch counts for nothing
                 continue
             follower = hosted.state.replicas.get(replica_id)
             log_start_offset = start[0] if start else -1
             if follower is not None and follower.log_start_offset != log_start_offset:
-                self._out().wake_fetches = True
+                self._out().wake_fetches.add(tp)
             moved, update = hosted.state.update_follower_fetch_state(
-                replica_id, fetch_offset, now_ms, log_start_offset
+                replica_id, fetch_offset, now_ms, log_start_offset, session
             )
             if update is not None:
                 self._write_isr(update, self._out())
             if moved:
                 self._high_watermark_moved(hosted, self._out())
+        if session is not None:  # after the partitions: theirs count from its previous fetch
+            session.last_fetch_ms = max(session.last_fetch_ms, now_ms)
         return self._take()
+
+    def on_fetch_session_forgot(self, replica_id: int, tps: Iterable[TopicPartition],
+                                session: FollowerFetchSession) -> None:  # fmt: skip
+        """The follower's `session` no longer names `tps` (it forgot them, or it ended): its
+        fetches stop counting for them (another session of the follower's may hold them)."""
+        for tp in tps:
+            hosted = self.partitions.get(tp)
+            if hosted is not None and hosted.state.is_leader:
+                hosted.state.on_follower_forgot(replica_id, session)
 
     def leader_for(
         self, tp: TopicPartition, current_leader_epoch: int = -1
@@ -472,10 +486,14 @@ class ReplicaCore:
         if hosted is None or hosted.state.leader_epoch != update.leader_epoch:
             return EMPTY
         p = hosted.state
+        ready = self._out()
+        # A fetch session reads it again, so the follower's next fetch is recorded: an expansion
+        # that did not land is proposed again there, as on every fetch in Kafka (a session holds
+        # idle only members of the ISR).
+        ready.wake_fetches.add(tp)
         if not written:
             p.on_isr_update_failed(zk_version)
-            return EMPTY
-        ready = self._out()
+            return self._take()
         ready.state_changes.append(IsrChanged(tp, tuple(sorted(p.isr)), update.isr))
         if p.on_isr_update_succeeded(update.isr, zk_version):
             self._high_watermark_moved(hosted, ready)
@@ -553,7 +571,7 @@ class ReplicaCore:
         if start > p.log_start_offset:
             ready.log_actions.append(IncrementLogStartOffset(tp, start))
             p.on_log_start_offset(start)
-        ready.wake_fetches = True
+        ready.wake_fetches.add(tp)
         return self._take()
 
     # -- DeleteRecords ---------------------------------------------------------------------------
@@ -571,7 +589,7 @@ class ReplicaCore:
         if target > p.log_start_offset:
             self._out().log_actions.append(IncrementLogStartOffset(tp, target))
             p.on_log_start_offset(target)
-            self._out().wake_fetches = True  # followers learn it from their next fetch answer
+            self._out().wake_fetches.add(tp)  # followers learn it from their next fetch answer
         return errors.NONE, target, self._take()
 
     def low_watermark(self, tp: TopicPartition) -> int | None:

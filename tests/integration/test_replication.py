@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -104,6 +105,23 @@ def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster
     assert len(c.coord.get_children("/isr_change_notification")) >= 2
     state, _ = c.state(TOPIC)
     assert (state.leader, state.leader_epoch) == (1, 1)  # ISR changes keep leader and epoch
+
+
+def test_idle_followers_stay_in_the_isr_while_their_fetch_sessions_name_nothing(cluster):
+    # An incremental fetch names only what changed and the leader reads only that: an idle
+    # partition's followers are counted caught up by their sessions' fetches (Kafka records a
+    # caught-up time on every fetch), for many times replica.lag.time.max.ms.
+    c = cluster.start([1, 2, 3], replica_lag_time_max_ms=500)
+    c.create_topic(TOPIC, (1, 2, 3))
+    c.elect(TOPIC, leader=1, leader_epoch=1, isr=[1, 2, 3], replicas=[1, 2, 3])
+    assert produce(c.brokers[1].bootstrap, [b"x"] * 5) == [None] * 5
+    watched_until = time.monotonic() + 3.0  # six lag periods of nothing
+    while time.monotonic() < watched_until:
+        assert isr(c) == [1, 2, 3]
+        time.sleep(0.1)
+    assert produce(c.brokers[1].bootstrap, [b"y"] * 5) == [None] * 5
+    assert high_watermark(c.brokers[1].bootstrap) == 10
+    assert isr(c) == [1, 2, 3]
 
 
 def test_acks_all_honours_min_insync_replicas(cluster):

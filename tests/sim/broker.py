@@ -183,7 +183,7 @@ class SimBroker(ReplicaHost):
         src, corr, tp, base_offset = key
         self.send(src, m.ProduceResponse(corr, tp, error, base_offset))
 
-    def wake_fetches(self) -> None:
+    def wake_fetches(self, tps) -> None:
         self.wake_parked()
 
     def on_fetch_sessions(self, leaders, abandoned, requests) -> None:

@@ -12,6 +12,7 @@ import pytest
 from localcluster.replication import errors
 from localcluster.replication import ready as r
 from localcluster.replication.fetch_sessions import LEADER_BEHIND_BACKOFF_MS
+from localcluster.replication.partition import FollowerFetchSession
 from localcluster.replication.replica_core import ReplicaConfig, ReplicaCore
 from localcluster.storage import Record, encode_batch, iter_batches
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
@@ -328,7 +329,9 @@ def test_a_follower_fetch_moves_the_hw_and_expands_the_isr():
     assert hw(rt) == 3  # the leader alone was the ISR
     assert rt.core.partitions[TP].state.pending_isr == (1, 2)
     written = rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], True, 1))
-    assert written == "state IsrChanged previous_isr=(1,) isr=(1, 2)"
+    assert written == expect("""
+        state IsrChanged previous_isr=(1,) isr=(1, 2)
+        wake fetches""")  # a fetch session reads it again: the follower's next fetch records it
     p = rt.core.partitions[TP].state
     assert (p.isr, p.zk_version, p.pending_isr) == ({1, 2}, 1, None)
 
@@ -383,14 +386,52 @@ def test_the_isr_shrinks_a_lagging_follower_and_a_fenced_write_changes_nothing()
         state IsrProposed [1, 2] -> [1] at v0
         isr-write [1] at v0""")
     assert rt.step(rt.core.maybe_shrink_isr(102)) == ""  # one proposal at a time
-    # Another leader or epoch is in the store (a conflicting write won): nothing applied.
-    assert rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], False, None)) == ""
+    # Another leader or epoch is in the store (a conflicting write won): nothing applied (the
+    # fetch sessions read the partition again: a follower's next fetch may propose again).
+    assert rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], False, None)) == "wake fetches"
     p = rt.core.partitions[TP].state
     assert (p.isr, p.pending_isr, p.zk_version) == ({1, 2}, None, 0)
     # Only the version moved: the next proposal uses it.
     rt.step(rt.core.maybe_shrink_isr(103))
     rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], False, 4))
     assert rt.step(rt.core.maybe_shrink_isr(104)).endswith("isr-write [1] at v4")
+
+
+def test_an_idle_partition_held_by_a_fetch_session_stays_in_sync_while_the_session_fetches():
+    # A fetch session names only what changed: an ISR member at the leader's end is held by
+    # its session, whose every fetch counts for the partition (Kafka records a caught-up time
+    # on every fetch), and which stops counting when the session stops fetching.
+    rt = leading(isr=(1, 2), lag_ms=1000)
+    session = FollowerFetchSession()
+    rt.step(rt.core.record_follower_fetch(2, [(TP, 0, 1)], 10, session))
+    for now_ms in (900, 1800, 2700):  # fetches that do not name it
+        rt.step(rt.core.record_follower_fetch(2, [], now_ms, session))
+    assert rt.step(rt.core.maybe_shrink_isr(3500)) == ""
+    assert rt.step(rt.core.maybe_shrink_isr(3701)) == expect("""
+        state IsrProposed [1, 2] -> [1] at v0
+        isr-write [1] at v0""")  # the session's last fetch was 2700
+
+
+def test_an_append_or_a_forgotten_partition_ends_the_hold_with_the_session_fetches_written_in():
+    rt = leading(isr=(1, 2), lag_ms=1000)
+    session = FollowerFetchSession()
+    rt.step(rt.core.record_follower_fetch(2, [(TP, 0, 1)], 10, session))
+    rt.step(rt.core.record_follower_fetch(2, [], 1800, session))
+    rt.produce("p", 3, acks=1, now_ms=2000)  # no longer at the end: the fetches count one by one
+    follower = rt.core.partitions[TP].state.replicas[2]
+    assert (follower.fetch_session, follower.last_caught_up_time_ms) == (None, 1800)
+    rt.step(rt.core.record_follower_fetch(2, [], 2500, session))  # not its fetch any more
+    # named at 2600, still at 0: caught up when it last fetched (1800), as Kafka's rule says
+    rt.step(rt.core.record_follower_fetch(2, [(TP, 0, 1)], 2600, session))
+    assert follower.last_caught_up_time_ms == 1800
+    rt.step(rt.core.record_follower_fetch(2, [(TP, 3, 1)], 2700, session))
+    assert follower.fetch_session is session and follower.last_caught_up_time_ms == 2700
+    rt.core.on_fetch_session_forgot(2, [TP], FollowerFetchSession())  # another session's: kept
+    assert follower.fetch_session is session
+    rt.core.on_fetch_session_forgot(2, [TP], session)
+    rt.step(rt.core.record_follower_fetch(2, [], 3500, session))
+    assert follower.fetch_session is None and follower.last_caught_up_time_ms == 2700
+    assert rt.step(rt.core.maybe_shrink_isr(3701)).endswith("isr-write [1] at v0")
 
 
 def test_an_isr_write_of_unknown_outcome_is_asked_again_while_it_is_pending():
