@@ -4,7 +4,11 @@ Runtime: what to send is the controller core's (request_batch.py batches one eve
 per broker). A broker's queue is served by one task over one connection (its Unix socket on this
 host, else its inter-broker listener: broker/inter_broker.py decides); a request that fails for
 a connection reason is retried (with backoff) until it is answered or the broker is removed (it
-died: its next registration brings a fresh queue and a full LeaderAndIsr).
+died: its next registration brings a fresh queue and a full LeaderAndIsr). Whatever else goes
+wrong with one request (an answer that does not parse, a callback that raises) is logged with
+its traceback and the queue goes on with the next: a queue task that died would leave every
+later request to its broker unsent for the rest of the term, LeaderAndIsr included, and the
+broker out of every ISR (an UpdateMetadata answered with an error code did exactly that).
 """
 
 from __future__ import annotations
@@ -51,24 +55,33 @@ class _BrokerQueue:
     async def _run(self) -> None:
         while True:
             request = await self.queue.get()
-            failures = 0
-            while True:
-                try:
-                    response = await self._send(request)
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except (KafkaError, OSError, ConnectionError, TimeoutError) as e:
-                    failures += 1
-                    backoff = RETRY_BACKOFF.backoff_s(failures)
-                    log.info("controller: request %s to broker %d failed (%s); retrying in %.2f s",
-                             ApiKey(request.api_key).name, self.broker_id, e, backoff)  # fmt: skip
-                    self._close()
-                    await asyncio.sleep(backoff)
-            if request.on_response is not None:
-                result = request.on_response(response)
-                if asyncio.iscoroutine(result):
-                    await result
+            try:
+                await self._deliver(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("controller: %s to broker %d failed unexpectedly; going on with "
+                              "the next request", ApiKey(request.api_key).name, self.broker_id)  # fmt: skip
+                self._close()
+
+    async def _deliver(self, request: _Request) -> None:
+        """Send until answered (a connection failure is retried), then hand the answer on."""
+        failures = 0
+        while True:
+            try:
+                response = await self._send(request)
+                break
+            except (KafkaError, OSError, ConnectionError, TimeoutError) as e:
+                failures += 1
+                backoff = RETRY_BACKOFF.backoff_s(failures)
+                log.info("controller: request %s to broker %d failed (%s); retrying in %.2f s",
+                         ApiKey(request.api_key).name, self.broker_id, e, backoff)  # fmt: skip
+                self._close()
+                await asyncio.sleep(backoff)
+        if request.on_response is not None:
+            result = request.on_response(response)
+            if asyncio.iscoroutine(result):
+                await result
 
     async def _send(self, request: _Request) -> cr.PartitionErrors:
         if self.connection is None or self.connection.closed:
@@ -77,9 +90,11 @@ class _BrokerQueue:
         frame, offset = await self.connection.send(request.api_key, lambda v: request.body, version=0,
                                                    timeout_ms=REQUEST_TIMEOUT_MS)  # fmt: skip
         response = request.parse(Reader(frame, offset))
-        if getattr(response, "error_code", response):
+        # UpdateMetadata's answer is its error code alone; the others carry one
+        error_code = response if isinstance(response, int) else response.error_code
+        if error_code:
             log.warning("controller: broker %d answered %s with error %d", self.broker_id,
-                        ApiKey(request.api_key).name, response.error_code)  # fmt: skip
+                        ApiKey(request.api_key).name, error_code)  # fmt: skip
         return response
 
     def _close(self) -> None:

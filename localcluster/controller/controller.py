@@ -10,6 +10,12 @@ Rules:
   every write with that epoch's version and stamps it on every request, and a fenced write
   (ZkOperations answers it ControllerMoved) tells the core, which resigns.
 - Nothing here decides anything about partitions, replicas or brokers: that is the core's.
+- The task never dies of a store error: a seat check that fails (the store unreadable for a
+  moment: a ZooKeeper connection loss, a session being renewed) is logged and made again
+  SEAT_RETRY_S later, as the watch that asked for it will not fire again; a term whose
+  set-up fails after the seat was won resigns and frees the seat. Before, either killed the
+  event task: the broker could hold /controller while handling no event at all (no
+  election, and no LeaderAndIsr for a broker that registered) until its session ended.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from localcluster.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 EVENT_QUEUE_BOUND = 10_000
+SEAT_RETRY_S = 1.0
 
 
 class _SeatChange:
@@ -132,7 +139,14 @@ class KafkaController:
         while True:
             event = await self._queue.get()
             if isinstance(event, _SeatChange):
-                await self._maybe_elect()
+                try:
+                    await self._maybe_elect()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("controller %d: checking /controller failed; checking again in "
+                                  "%.1f s", self.broker_id, SEAT_RETRY_S)  # fmt: skip
+                    self._loop.call_later(SEAT_RETRY_S, self.enqueue, _SeatChange())
                 continue
             if self.core is None:
                 if isinstance(event, ev.ControlledShutdown):
@@ -240,8 +254,8 @@ class KafkaController:
         self.core = ControllerCore(self.broker_id, epoch, version, settings)
         self.channel = ControllerChannelManager(self.broker_id, self.connector)
         self.event(f"broker {self.broker_id} is the controller (epoch {epoch})")
-        self._register_watches()
         try:
+            self._register_watches()
             await self._drive(ev.Startup())
         except Exception:
             log.exception("controller %d: failover failed; resigning", self.broker_id)

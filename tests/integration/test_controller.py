@@ -6,12 +6,14 @@ import json
 import os
 import signal
 import threading
+import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from localcluster import coord
+from localcluster.broker.state_change_log import FILE_NAME, read_events
 from localcluster.coord import paths
 from localcluster.coord.kafka_zk import KafkaZkClient
 from tests.brokers import pause
@@ -352,3 +354,33 @@ def test_a_new_controller_takes_the_dead_controllers_replicas_out_of_the_isr(clu
     for p in followed:
         wait_until(lambda p=p: old not in c.state("f", p).isr, timeout_s=10,
                    message=f"f-{p} ISR drops the dead controller's broker")  # fmt: skip
+
+
+@pytest.mark.parametrize("restart", ["after_failover", "at_once"])
+def test_the_dead_controllers_broker_restarts_and_rejoins_every_isr(cluster, restart):
+    """bench.scaling's controller kill, small: kill -9 the controller's broker and restart it
+    on the same data, once its partitions are led again and it has left every ISR, or at
+    once. It must take the current state of every partition it hosts (its state-change log
+    says so) and be back in every ISR, from the leaders' own expansions: their lag limit is
+    60 s, so nothing here waits on it. (Twice at 1,000 partitions a restarted controller's
+    broker was seen idle and in no ISR minutes later, bench/README.md; this guards the
+    path, it did not reproduce that.)"""
+    c = cluster.start(3, replica_lag_time_max_ms=60_000)
+    c.create_topic("r", 12, 3)
+    old = c.zk.controller_id()
+    led = [p for p in range(12) if c.state("r", p).leader == old]
+    c.brokers[old].kill()
+    if restart == "after_failover":
+        wait_until(lambda: all(c.state("r", p).leader not in (old, -1) for p in led),
+                   timeout_s=10, message="the dead controller's partitions are led again")  # fmt: skip
+        wait_until(lambda: all(old not in c.state("r", p).isr for p in range(12)), timeout_s=10,
+                   message="the dead controller's broker left every ISR")  # fmt: skip
+    restarted_ms = time.time() * 1000
+    c.restart(old)
+    wait_until(lambda: all(old in c.state("r", p).isr for p in range(12)), timeout_s=30,
+               message=f"broker {old} is back in every ISR of r")  # fmt: skip
+    events = read_events(c.brokers[old].cluster_dir / f"broker-{old}" / FILE_NAME)
+    took = {e["partition"] for e in events if e["topic"] == "r"
+            and e["event"] in ("leading", "following") and e["time_ms"] >= restarted_ms}  # fmt: skip
+    assert took == set(range(12))
+    assert c.zk.controller_id() is not None
