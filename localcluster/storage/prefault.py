@@ -11,7 +11,9 @@ Before populating a range the thread reserves it (fallocate, reservation.py): a 
 not reserved is never touched, as a store into it on a full filesystem is SIGBUS. A range that
 cannot be reserved is left alone; `reserved` only grows over ranges reserved contiguously from
 the start, so the writer, which may only write below it, reserves the rest itself (and gets
-ENOSPC there as a clean error). Its lock also orders the thread against a segment that cuts its
+ENOSPC there as a clean error). The thread reserves from the watermark when that lags behind
+its range (a chunk it could not reserve before), so the ranges join up again once there is
+space and the writer is back to reserving nothing. Its lock also orders the thread against a segment that cuts its
 file (truncation, seal): the segment takes it, cuts, and lowers `reserved`/`limit` before the
 thread can raise `reserved` over blocks that the cut freed.
 
