@@ -59,7 +59,7 @@ class LogConfig:
     segment_index_bytes: int = 10 << 20  # log.index.size.max.bytes
     retention_bytes: int = -1  # log.retention.bytes (-1: no limit)
     retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
-    prefault_bytes: int = 1 << 20  # pages prefaulted ahead of the write position
+    prefault_bytes: int = 1 << 20  # the largest prefault chunk (from 64 KiB, doubling)
     segment_ms: int = 7 * 24 * 3600 * 1000  # log.roll.ms: a segment this old rolls
     log_append_time: bool = False  # message.timestamp.type=LogAppendTime (the caller stamps)
 

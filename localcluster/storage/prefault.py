@@ -11,13 +11,17 @@ Before populating a range the thread reserves it (fallocate, reservation.py): a 
 not reserved is never touched, as a store into it on a full filesystem is SIGBUS. A range that
 cannot be reserved is left alone; `reserved` only grows over ranges reserved contiguously from
 the start, so the writer, which may only write below it, reserves the rest itself (and gets
-ENOSPC there as a clean error). Its lock also orders the thread against a segment that cuts its
+ENOSPC there as a clean error). The thread reserves from the watermark when that lags behind
+its range (a chunk it could not reserve before), so the ranges join up again once there is
+space and the writer is back to reserving nothing. Its lock also orders the thread against a segment that cuts its
 file (truncation, seal): the segment takes it, cuts, and lowers `reserved`/`limit` before the
 thread can raise `reserved` over blocks that the cut freed.
 
-The writer never waits for it otherwise. A chunk the thread has not reached yet is reserved by
-the writer and faulted in by the copy, page by page; populating never changes what a page holds,
-so the two cannot conflict. A `MappedRegion` is closed before its map is unmapped and its file
+A new segment (created or rolled) asks for its first chunk at once, so a topic of 600
+partitions queues 600 small requests here rather than having its first appends populate on the
+loop (segment.py has the figures). The writer never waits for the thread: what the thread has
+not reached yet the writer reserves itself, only what the batch needs, and the copy faults it
+in; populating never changes what a page holds, so the two cannot conflict. A `MappedRegion` is closed before its map is unmapped and its file
 closed: the lock makes the close wait for a call in progress, and nothing runs after it.
 
 Kernels before 5.14 have no MADV_POPULATE_WRITE: `AVAILABLE` is then False and segments
@@ -122,7 +126,10 @@ class Prefaulter(WorkThread):
             stop = min(stop, region.limit)  # a sealed segment takes nothing more
             if start >= stop:
                 return
-            if region.fd is not None and not self._reserve(region, start, stop):
+            # From the watermark, if it lags (a reservation that failed before): reserved ranges
+            # join up, and the writer is back to reserving nothing itself.
+            reserve_from = min(start, region.reserved)
+            if region.fd is not None and not self._reserve(region, reserve_from, stop):
                 return
             if _madvise(region.address + start, stop - start, MADV_POPULATE_WRITE) != 0:
                 # ENOMEM/EFAULT: the file was cut under the range; the writer faults in what

@@ -6,8 +6,9 @@ submission, items are done in the order submitted, `idle` waits until everything
 far is done (tests), and a forked child starts without the parent's thread or queue (the items
 queued in the parent stay the parent's). A subclass says what one item is in `work`.
 
-Bound: one queue item per submission not yet done; the submitters' own bounds (a segment
-prefaults one chunk ahead, a deleted segment is released once) keep it small.
+Bound: one queue item per submission not yet done; the submitters' own bounds (a segment asks
+for a chunk when made appendable and then one per chunk written, a deleted segment is released
+once) keep it to about one item per active segment.
 """
 
 from __future__ import annotations

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localcluster.storage.index import ENTRY_BYTES, BatchIndex, IndexFullError
+from localcluster.storage.index import (
+    ENTRY_BYTES,
+    FIRST_RESERVE_ENTRIES,
+    RESERVE_ENTRIES,
+    BatchIndex,
+    IndexFullError,
+)
 
 FAST = settings(max_examples=120, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
@@ -140,3 +146,30 @@ def test_is_sane(tmp_path, entries, log_size, why):
         assert result is None
     else:
         assert why in result
+
+
+def test_reservations_start_at_one_page_and_double_up_to_reserve_entries(tmp_path):
+    index = BatchIndex(tmp_path / "0.log", 0, 40_000)
+    index.reset()
+    index.make_appendable()
+    chunks = []
+    for i in range(33_000):
+        before = index.reserved_entries
+        index.append(i, 100 * i, 0)
+        if index.reserved_entries != before:
+            chunks.append(index.reserved_entries - before)
+    assert FIRST_RESERVE_ENTRIES * ENTRY_BYTES == 4096  # one page of each file
+    assert chunks == [512, 1024, 2048, 4096, 8192, 8192, 8192, 7744][: len(chunks)]
+    assert max(chunks) == RESERVE_ENTRIES and index.reserved_entries >= 33_000
+    for path in (index.offset_path, index.time_path):
+        assert os.stat(path).st_blocks * 512 >= index.reserved_entries * ENTRY_BYTES
+
+
+def test_a_new_index_reserves_one_page(tmp_path):
+    index = BatchIndex(tmp_path / "0.log", 0, 1 << 17)
+    index.reset()
+    index.make_appendable()
+    index.append(0, 0, 0)
+    assert index.reserved_entries == FIRST_RESERVE_ENTRIES
+    for path in (index.offset_path, index.time_path):
+        assert os.stat(path).st_blocks * 512 <= 4096

@@ -8,6 +8,7 @@ import errno
 import mmap
 import os
 import socket
+import threading
 
 import pytest
 
@@ -21,7 +22,7 @@ from localcluster.storage import (
     validate_batch,
 )
 from localcluster.storage import record_batch as rb
-from localcluster.storage.segment import LogSegment, segment_file_name
+from localcluster.storage.segment import FIRST_CHUNK_BYTES, LogSegment, segment_file_name
 from tests.helpers import scan_segment
 
 CAPACITY = 64 * 1024
@@ -203,7 +204,8 @@ class FakeFullDisk:
     """fallocate(2) fails with ENOSPC, while `full`, for files whose name ends with `suffix`
     (except the file named `spare`, which still gets space).
 
-    Every call is recorded as (file name, start, stop, succeeded). Stores into unreserved pages
+    Every call is recorded as (file name, start, stop, succeeded), and in `on_caller` whether the
+    test's own thread made it (not the prefault thread). Stores into unreserved pages
     would not fault here (the real disk has room): the tests check the reservations themselves,
     and tests/integration/test_disk_full.py and test_log.py's tmpfs test meet the real SIGBUS.
     """
@@ -213,19 +215,23 @@ class FakeFullDisk:
         self.suffix = ""
         self.spare = ""
         self.calls: list[tuple[str, int, int, bool]] = []
+        self.on_caller: list[bool] = []
+        self._caller = threading.get_ident()
         self._real = reservation._fallocate
 
     def __call__(self, fd, mode, offset, length):
         name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
         failing = self.full and name.endswith(self.suffix) and name != self.spare
         self.calls.append((name, offset, offset + length, not failing))
+        self.on_caller.append(threading.get_ident() == self._caller)
         if failing:
             ctypes.set_errno(errno.ENOSPC)
             return -1
         return self._real(fd, mode, offset, length)
 
-    def reserved(self, suffix: str) -> list[tuple[int, int]]:
-        return [(a, b) for name, a, b, ok in self.calls if ok and name.endswith(suffix)]
+    def reserved(self, suffix: str, on_caller: bool | None = None) -> list[tuple[int, int]]:
+        return [(a, b) for (name, a, b, ok), caller in zip(self.calls, self.on_caller, strict=True)
+                if ok and name.endswith(suffix) and on_caller in (None, caller)]  # fmt: skip
 
 
 def install_fake_full_disk(monkeypatch) -> FakeFullDisk:
@@ -238,6 +244,7 @@ def install_fake_full_disk(monkeypatch) -> FakeFullDisk:
 
 @pytest.fixture
 def disk(monkeypatch):
+    prefault.PREFAULTER.idle()  # no first chunk of an earlier test's segment reaches the fake
     yield install_fake_full_disk(monkeypatch)
     prefault.PREFAULTER.idle()  # no background call reaches the fake after the test
 
@@ -264,9 +271,11 @@ def test_every_written_byte_and_index_entry_was_reserved_first(tmp_path, disk):
     assert covered(disk.reserved(".log"), segment.size)
     assert covered(disk.reserved(".index"), segment.index.count * 8)
     assert covered(disk.reserved(".timeindex"), segment.index.count * 8)
-    # in chunks, not per batch
-    assert len([c for c in disk.calls if c[0].endswith(".log")]) <= 2 * 64
-    assert len([c for c in disk.calls if c[0].endswith(".index")]) == 1
+    # The thread reserves in chunks; the writer, where it got ahead of the thread (which waits
+    # for the GIL while this loop holds it), only the pages its batches reach: never per batch.
+    assert len(disk.reserved(".log", on_caller=False)) <= 64
+    assert len(disk.reserved(".log", on_caller=True)) <= segment.size // mmap.PAGESIZE + 1
+    assert len([c for c in disk.calls if c[0].endswith(".index")]) == 2  # 1 page, then 2
     segment.close()
 
 
@@ -354,3 +363,106 @@ def test_truncation_and_seal_lower_the_reservation(tmp_path, disk):
     assert segment._region.reserved == segment.size
     put(segment, 6, size=300)
     assert [h.base_offset for _, h in scan_segment(segment)] == list(range(7))
+
+
+# -- prefault chunks ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def requests(monkeypatch):
+    """The prefault thread's requests, recorded as (start, stop) and not carried out: the
+    thread never gets ahead of the writer."""
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(prefault, "AVAILABLE", True)
+    monkeypatch.setattr(prefault.PREFAULTER, "request",
+                        lambda region, start, stop: asked.append((start, stop)))  # fmt: skip
+    return asked
+
+
+def test_a_new_segment_asks_the_prefault_thread_for_its_first_chunk(tmp_path, disk, requests,
+                                                                    monkeypatch):  # fmt: skip
+    def on_the_caller(*args):
+        raise AssertionError("populated on the caller's thread")
+
+    monkeypatch.setattr(LogSegment, "_prefault", on_the_caller)
+    segment = LogSegment.create(tmp_path, 0, 4 << 20, 4096, 1 << 20)
+    assert requests == [(0, FIRST_CHUNK_BYTES)]
+    assert disk.reserved(".log") == []  # not even reserved by the caller: the thread does it
+    rolled = LogSegment.create(tmp_path, 100, 4 << 20, 4096, 1 << 20)  # a roll creates one too
+    assert requests == [(0, FIRST_CHUNK_BYTES)] * 2
+    put(segment, 0)  # the first append asks for nothing more (the chunk is ahead of it)
+    assert requests == [(0, FIRST_CHUNK_BYTES)] * 2
+    segment.close()
+    rolled.close()
+
+
+def test_the_first_chunk_is_reserved_and_populated_by_the_thread(tmp_path, disk):
+    segment = LogSegment.create(tmp_path, 0, 4 << 20, 4096, 1 << 20)
+    assert prefault.PREFAULTER.idle()
+    if prefault.AVAILABLE:
+        assert disk.reserved(".log") == [(0, FIRST_CHUNK_BYTES)]
+        assert disk.on_caller == [False]
+        assert segment._region.reserved == FIRST_CHUNK_BYTES
+        assert os.stat(segment.path).st_blocks * 512 >= FIRST_CHUNK_BYTES
+    assert os.stat(segment.path).st_blocks * 512 < 1 << 20  # never a whole 1 MiB chunk
+    segment.close()
+
+
+def test_chunks_start_at_64_kib_and_double_up_to_prefault_bytes(tmp_path, disk, requests):
+    segment = LogSegment.create(tmp_path, 0, 8 << 20, 1 << 16, 1 << 20)
+    offset = 0
+    while segment.size < 5 << 20:
+        put(segment, offset, size=10_000)
+        offset += 1
+        # the next chunk is asked for once the writer is halfway into the last one
+        last_start, last_stop = requests[-1]
+        assert segment.size <= last_stop - (last_stop - last_start) // 2 or segment.size > 4 << 20
+    sizes = [stop - start for start, stop in requests]
+    kib = 1 << 10
+    assert sizes[:6] == [64 * kib, 128 * kib, 256 * kib, 512 * kib, 1024 * kib, 1024 * kib]
+    assert set(sizes[4:]) == {1 << 20}
+    assert all(a[1] == b[0] for a, b in zip(requests, requests[1:], strict=False))  # contiguous
+    segment.close()
+
+
+def test_chunks_are_capped_by_a_small_prefault_bytes(tmp_path, requests):
+    segment = LogSegment.create(tmp_path, 0, CAPACITY, 1024, 4096)
+    for offset in range(10):
+        put(segment, offset, size=1000)
+    assert {stop - start for start, stop in requests} == {4096}
+    segment.close()
+
+
+def test_a_writer_ahead_of_the_thread_reserves_what_it_writes_itself(tmp_path, disk, requests):
+    # The thread never runs here (requests are only recorded): every byte the writer stores it
+    # reserved first, on its own thread, only the pages its batches reach (no chunk).
+    segment = LogSegment.create(tmp_path, 0, 1 << 20, 4096, 1 << 20)
+    offset = 0
+    while segment.size < 3 * FIRST_CHUNK_BYTES:
+        batch = len(put(segment, offset, size=1000))
+        offset += 1
+        assert segment._region.reserved >= segment.size
+        assert segment._region.reserved - segment.size < mmap.PAGESIZE
+        name, start, stop, ok = disk.calls[-1]
+        assert ok and disk.on_caller[-1] and stop - start <= batch + mmap.PAGESIZE
+    assert covered(disk.reserved(".log", on_caller=True), segment.size)
+    assert [h.base_offset for _, h in scan_segment(segment)] == list(range(offset))
+    # what the writer asked for ahead of itself is still the thread's to do
+    assert requests[-1][1] > segment.size
+    segment.close()
+
+
+def test_without_the_thread_the_writer_reserves_and_populates_chunks(tmp_path, disk, monkeypatch):
+    monkeypatch.setattr(prefault, "AVAILABLE", False)  # kernels before 5.14
+    segment = LogSegment.create(tmp_path, 0, 1 << 20, 4096, 256 << 10)
+    assert disk.reserved(".log") == []  # nothing until the first append
+    offset = 0
+    while segment.size < 512 << 10:
+        put(segment, offset, size=10_000)
+        offset += 1
+        assert segment._region.reserved >= segment._prefaulted >= segment.size
+    # the first append reserves its own pages, then the rest of the first chunk
+    stops = [stop for _, stop in disk.reserved(".log")]
+    assert stops[1:5] == [64 << 10, 192 << 10, 448 << 10, 704 << 10]
+    assert all(disk.on_caller)
+    segment.close()
