@@ -13,9 +13,11 @@ idle or small partition costs 64 KiB of pages, a busy one reaches full chunks af
 Before, the first append populated a whole 1 MiB chunk itself, on the event loop: with 600
 partitions (RF 3, 3 brokers) py-spy put 40-47% of the brokers' time in those first appends to
 about 1,800 fresh segments, and each broker held 600 MiB of tmpfs pages for partitions that
-held a few KiB each; now 59-75 MiB, and those appends are gone from the loop's profile
-(bench/README.md, scaling). On roll and clean close the file is trimmed to its valid bytes, so a
-closed segment's size is its data.
+held a few KiB each; now 59-75 MiB, and those appends are gone from the loop's profile. The
+price (bench/README.md, scaling): pages are now allocated while the data comes, and at 600
+partitions the measured window did about a quarter fewer records/s on main with the rejoin
+fix (its cause is open: see there). On roll and clean close the file is trimmed to its valid
+bytes, so a closed segment's size is its data.
 
 No page of the map is touched before its blocks are reserved (fallocate, reservation.py): a
 store into an unbacked page of a full filesystem is SIGBUS, a reservation that finds no space
