@@ -7,22 +7,23 @@ every request for that long; profiles of a leader at half the acks=all maximum p
 loop's busy time there. `Prefaulter` makes the same call through ctypes, which releases the
 GIL, on one daemon thread: the loop goes on while the kernel allocates the pages.
 
-Before populating a range the thread reserves it (fallocate, reservation.py): a page that is
-not reserved is never touched, as a store into it on a full filesystem is SIGBUS. A range that
+Before populating a range the thread reserves it (fallocate, reservation.py): a page that is not
+reserved is never touched, as a store into it on a full filesystem is SIGBUS. A range that
 cannot be reserved is left alone; `reserved` only grows over ranges reserved contiguously from
 the start, so the writer, which may only write below it, reserves the rest itself (and gets
-ENOSPC there as a clean error). The thread reserves from the watermark when that lags behind
-its range (a chunk it could not reserve before), so the ranges join up again once there is
-space and the writer is back to reserving nothing. Its lock also orders the thread against a segment that cuts its
-file (truncation, seal): the segment takes it, cuts, and lowers `reserved`/`limit` before the
-thread can raise `reserved` over blocks that the cut freed.
+ENOSPC there as a clean error). The thread reserves from the watermark when that lags behind its
+range (a chunk it could not reserve before), so the ranges join up again once there is space and
+the writer is back to reserving nothing. Its lock also orders the thread against a segment that
+cuts its file (truncation, seal): the segment takes it, cuts, and lowers `reserved`/`limit`
+before the thread can raise `reserved` over blocks that the cut freed.
 
-A new segment (created or rolled) asks for its first chunk at once, so a topic of 600
-partitions queues 600 small requests here rather than having its first appends populate on the
-loop (segment.py has the figures). The writer never waits for the thread: what the thread has
-not reached yet the writer reserves itself, only what the batch needs, and the copy faults it
-in; populating never changes what a page holds, so the two cannot conflict. A `MappedRegion` is closed before its map is unmapped and its file
-closed: the lock makes the close wait for a call in progress, and nothing runs after it.
+A new segment (created or rolled) asks for its first chunk at once, so a topic of 600 partitions
+queues 600 small requests here rather than having its first appends populate on the loop
+(segment.py has the figures). The writer never waits for the thread: what the thread has not
+reached yet the writer reserves itself, only what the batch needs, and the copy faults it in;
+populating never changes what a page holds, so the two cannot conflict. A `MappedRegion` is
+closed before its map is unmapped and its file closed: the lock makes the close wait for a call
+in progress, and nothing runs after it.
 
 Kernels before 5.14 have no MADV_POPULATE_WRITE: `AVAILABLE` is then False and segments
 prefault on the caller's thread, by touching pages, as before.
