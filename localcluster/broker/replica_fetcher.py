@@ -72,7 +72,10 @@ class ReplicaFetcher:
         """The core gave up on the request in flight: hang up; the leader frees it at once."""
         if self._sending and self.connection is not None:
             self._interrupted = True
-            self._drop_connection()  # the leader's session goes with it, so ours starts over
+            # Only the connection: if the answer is already in, it is taken as usual and the
+            # session goes on (the leader keeps sessions across connections); if not, the
+            # failed send starts the session over.
+            self.connection.close()
 
     async def run(self) -> None:
         rm = self.manager.replica_manager
@@ -148,7 +151,7 @@ class ReplicaFetcher:
         if self.connection is not None:
             self.connection.close()
         self.connection = None
-        self.session.on_failure()  # the leader's side of the session went with the connection
+        self.session.on_failure()  # an answer may be lost with it: start the session over
 
     # -- the wire: one request, and its answer as a core step ---------------------------------
 
