@@ -115,20 +115,19 @@ class ReplicaFetcher:
             raise
         except Exception as e:
             self._drop_connection()
-            if self._interrupted:  # we hung up on purpose: the core has moved on
-                self._interrupted = False
+            if self._interrupted:
+                pass  # we hung up on purpose: the core has moved on
             elif isinstance(e, CONNECTION_ERRORS):
                 log.info("fetcher for leader %d: %s; backing off", self.leader_id,
                          e or type(e).__name__)  # fmt: skip
             else:
                 log.exception("fetcher for leader %d failed; backing off", self.leader_id)
-            self.request = None
             rm.execute(rm.core.on_fetch_request_failed(request, rm.now_ms()))
             return
         finally:
-            self._sending = False
-        self._interrupted = False  # the answer came before the hang-up: the core drops it
-        self.request = None
+            # An answer that came before a hang-up is taken below; the core drops it.
+            self._sending = self._interrupted = False
+            self.request = None
         rm.execute(answer())
 
     async def _wait_for_work(self, wakeup_ms: int | None) -> None:
