@@ -61,6 +61,12 @@ def running_in(cluster_dir) -> set[int]:
     return out
 
 
+def remove_tree(path) -> bool:
+    """One `rm -rf` of `path`; whether anything is left (a file made during the walk)."""
+    shutil.rmtree(path, ignore_errors=True)
+    return path.exists()
+
+
 @pytest.mark.parametrize("how", ["down --purge", "dir deleted"])
 def test_chaos_gives_up_when_its_cluster_is_removed(tmp_path, how):
     c = Cli(tmp_path / "cluster")
@@ -75,8 +81,9 @@ def test_chaos_gives_up_when_its_cluster_is_removed(tmp_path, how):
         pids = dict(enumerate(running_in(c.cluster_dir)))  # right before the removal
         if how == "down --purge":
             c.run("down", "--purge", "--timeout", "5", check=True)
-        else:
-            shutil.rmtree(c.cluster_dir)
+        else:  # as `rm -rf` again until it is gone: the live brokers keep writing files into it
+            wait_until(lambda: not remove_tree(c.cluster_dir), timeout_s=10,
+                       message=f"{c.cluster_dir} is removed under its running brokers")  # fmt: skip
         took = wait_gave_up(run, lines)
         assert took < GIVE_UP_WITHIN_S, f"gave up after {took:.1f} s"
         print(f"{how}: chaos gave up {took:.1f} s after the removal")
