@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
+import logging
 import os
 import re
 import shutil
@@ -191,6 +193,24 @@ class Cluster:
 # iterator); consume(topic, count) -> (offset, key, value) from partition 0's start;
 # group_consume(topic, group, count) -> values read by one member that subscribes, reads
 # `count` records, commits and closes; the admin calls. A missing call is None: n/a.
+
+
+@contextlib.contextmanager
+def kafka_python_log():
+    """kafka-python's log lines at INFO and above while inside (its loggers are "kafka.*"),
+    for a failure to quote: the last such failure in CI left only "50 records within 20 s"."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(f"{record.name}: {record.getMessage()}"[:300])
+    logger = logging.getLogger("kafka")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _deadline_loop(done, step, what: str) -> None:
@@ -390,7 +410,12 @@ class KafkaPython:
                 f"kafka-python sees no partitions of {topic}"
             )
             consumer.subscribe([topic])
-            got = self._poll_until(consumer, count)
+            with kafka_python_log() as lines:
+                try:
+                    got = self._poll_until(consumer, count)
+                except AssertionError as e:  # say what the member held and what it logged
+                    raise AssertionError(f"{e}; assigned {sorted(consumer.assignment())}; "
+                                         "kafka-python logged: " + " | ".join(lines[-12:])) from None  # fmt: skip
             for attempt in range(3):
                 try:
                     consumer.commit()
