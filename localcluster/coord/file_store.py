@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import itertools
 import json
 import os
@@ -102,6 +103,7 @@ class Znode:
         )
 
 
+@functools.lru_cache(maxsize=1 << 16)  # names repeat across paths: brokers, topics, numbers
 def encode_name(name: str) -> str:
     encoded = urllib.parse.quote(name, safe="")
     if len(encoded.encode()) > NAME_BYTES_MAX:
@@ -110,6 +112,18 @@ def encode_name(name: str) -> str:
             f"backend stores names as directory entries, limited to {NAME_BYTES_MAX} bytes"
         )
     return encoded
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a failover reads and writes every partition's znode
+def relative_znode_dir(path: str) -> str:
+    """The directory of a (valid) znode path, relative to the store's root."""
+    if path == "/":
+        return "tree"
+    return "tree/" + "/".join(encode_name(n) for n in path[1:].split("/"))
+
+
+def relative_znode_file(path: str) -> str:
+    return relative_znode_dir(path) + "/" + ZNODE_FILE
 
 
 LOCK_FILE = "lock"  # flock'ed: shared by readers, exclusive by writers (and by lock_held)
@@ -177,12 +191,10 @@ class FileStore:
         return os.path.join(self.root, *parts)
 
     def znode_dir(self, path: str) -> str:
-        if path == "/":
-            return self.path("tree")
-        return self.path("tree", *(encode_name(n) for n in path[1:].split("/")))
+        return self.root + "/" + relative_znode_dir(path)
 
     def znode_file(self, path: str) -> str:
-        return os.path.join(self.znode_dir(path), ZNODE_FILE)
+        return self.root + "/" + relative_znode_file(path)
 
     # -- locking -------------------------------------------------------------------------------
 
@@ -266,7 +278,7 @@ class FileStore:
         self.maybe_rotate_changelog()
         puts, deletes = [], []
         for path in sorted(nodes, key=lambda p: p.count("/")):  # parents before children
-            target = os.path.relpath(self.znode_file(path), self.root)
+            target = relative_znode_file(path)
             if nodes[path] is None:
                 deletes.append(os.path.dirname(target))
             else:
