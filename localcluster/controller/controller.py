@@ -226,7 +226,7 @@ class KafkaController:
                         for r in action.live_brokers)  # fmt: skip
         body = cr.write_update_metadata(cr.UpdateMetadataRequest(action.controller_id,
                                         action.controller_epoch, action.partitions,
-                                        action.offline_replicas, brokers))  # fmt: skip
+                                        action.offline_replicas, brokers, action.type))  # fmt: skip
         for broker in action.broker_ids:
             self.channel.send(broker, ApiKey.UPDATE_METADATA, body, parse=cr.read_error_code)
 
