@@ -206,14 +206,13 @@ class ControllerCore:
         # after the ISR removals are written (with their requests): the new leaders and the
         # brokers' metadata then wait for the partitions that changed only, not for each
         # broker going through all it hosts (6,000 of 10,000 with RF 3 on 5 brokers).
-        current = self.new_batch()
-        for tp in sorted(ctx.leadership):
-            current.add_leader_and_isr(tp, ctx.assignments[tp])
         batch = self.new_batch()
         elected = yield from self.partitions.trigger_online_partition_state_change(batch)
-        current.drop_leader_and_isr(elected)  # their new state went in `batch`
         if elected:  # the new leaders serve before the ISR removals below are written
             self.send(batch)
+        current = self.new_batch()  # made after the elections' requests went: 10,000 states
+        for tp in sorted(set(ctx.leadership).difference(elected)):  # theirs went in `batch`
+            current.add_leader_and_isr(tp, ctx.assignments[tp])
         # Replicas on brokers that died before this failover leave the ISR now (Kafka's
         # ReplicaStateMachine.startup): no BrokerChange will ever report them dead to us.
         removals = [(tp, r) for tp, replicas in sorted(ctx.assignments.items())
