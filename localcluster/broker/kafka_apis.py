@@ -30,7 +30,7 @@ from localcluster.broker.network import ConnectionContext
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.broker.sasl_authenticator import SaslAuthenticator
 from localcluster.broker.shutdown import ask_local_controller
-from localcluster.protocol import controller_requests, fetch, messages, produce
+from localcluster.protocol import controller_requests, fetch, messages, metadata_response, produce
 from localcluster.protocol.api import (
     SUPPORTED,
     ApiKey,
@@ -179,7 +179,7 @@ class KafkaApis:
             names = None  # v0: an empty list means all topics
         allow_auto_create = getattr(request, "allow_auto_topic_creation", True)
         data = await self.metadata.describe(names, allow_auto_create, context.listener)
-        return messages.encode_response(header.api_key, header.api_version, data)
+        return metadata_response.encode(header.api_version, data)
 
     # -- Produce ------------------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
 """MetadataCache: what the controller last told this broker about brokers and leaders.
 
-Filled by UpdateMetadata (each one a full picture from the controller), read by the Metadata
-API. A request from an older controller epoch than the last one applied is refused with
-STALE_CONTROLLER_EPOCH and changes nothing. Until the first UpdateMetadata arrives (a broker
-just started, or no broker runs a controller), `ready` is False and Metadata falls back to
-reading the store.
+Filled by UpdateMetadata, read by the Metadata API. A FULL request replaces every partition;
+an INCREMENTAL one replaces the partitions it names and removes those it names with the leader
+LEADER_DURING_DELETE (as Kafka's ZooKeeper-mode brokers apply them; protocol/
+controller_requests.py). Each carries the whole broker list. A request from an older
+controller epoch than the last one applied is refused with STALE_CONTROLLER_EPOCH and changes
+nothing. Until the first FULL request arrives (a broker just started, or no broker runs a
+controller), `ready` is False and Metadata falls back to reading the store: an INCREMENTAL one
+alone is a part of a picture (the controller sends a broker that registers FULL first).
 
 A broker the controller no longer lists (it died) stays in Metadata's broker list for
 DEPARTED_BROKER_LINGER_MS, never as a leader (its partitions show their new leader, or
@@ -20,11 +23,18 @@ dead broker's handle goes later, holding nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from kio.schema.errors import ErrorCode
 
-from localcluster.protocol.controller_requests import MetadataBroker, UpdateMetadataRequest
+from localcluster.protocol.controller_requests import (
+    FULL,
+    LEADER_DURING_DELETE,
+    MetadataBroker,
+    UpdateMetadataRequest,
+)
 
 DEPARTED_BROKER_LINGER_MS = 2000
 
@@ -44,11 +54,12 @@ class MetadataCache:
         self.controller_epoch = -1
         self.brokers: dict[int, MetadataBroker] = {}  # the live brokers
         self.departed: dict[int, tuple[MetadataBroker, float]] = {}  # left the list at (ms)
-        self.partitions: dict[tuple[str, int], CachedPartition] = {}
+        self._topics: dict[str, dict[int, CachedPartition]] = {}
+        self._full_applied = False
 
     @property
     def ready(self) -> bool:
-        return self.controller_epoch >= 0
+        return self._full_applied
 
     def update(self, request: UpdateMetadataRequest, now_ms: float | None = None) -> int:
         if request.controller_epoch < self.controller_epoch:
@@ -63,11 +74,21 @@ class MetadataCache:
         for broker_id in brokers:
             self.departed.pop(broker_id, None)
         self.brokers = brokers
-        self.partitions = {
-            (p.topic, p.partition): CachedPartition(p.leader, p.leader_epoch, tuple(p.isr),
-                                                    tuple(p.replicas), tuple(offline))
-            for p, offline in zip(request.partitions, request.offline_replicas, strict=True)
-        }  # fmt: skip
+        if request.type == FULL:
+            self._topics = {}
+            self._full_applied = True
+        topics = self._topics
+        for p, offline in zip(request.partitions, request.offline_replicas, strict=True):
+            if p.leader == LEADER_DURING_DELETE:
+                partitions = topics.get(p.topic)
+                if partitions is not None:
+                    partitions.pop(p.partition, None)
+                    if not partitions:
+                        del topics[p.topic]
+                continue
+            topics.setdefault(p.topic, {})[p.partition] = CachedPartition(
+                p.leader, p.leader_epoch, tuple(p.isr), tuple(p.replicas), tuple(offline)
+            )
         return ErrorCode.none
 
     def listed_brokers(self, now_ms: float | None = None) -> dict[int, MetadataBroker]:
@@ -80,10 +101,11 @@ class MetadataCache:
         return {**{b: broker for b, (broker, _) in self.departed.items()}, **self.brokers}
 
     def topics(self) -> list[str]:
-        return sorted({t for t, _ in self.partitions})
+        return sorted(self._topics)
 
-    def partitions_of(self, topic: str) -> dict[int, CachedPartition]:
-        return {p: c for (t, p), c in self.partitions.items() if t == topic}
+    def partitions_of(self, topic: str) -> Mapping[int, CachedPartition]:
+        """The topic's partitions (none when the controller has not named it), read-only."""
+        return MappingProxyType(self._topics.get(topic, {}))
 
 
 def _monotonic_ms() -> float:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import random
 import time
@@ -38,7 +39,7 @@ from localcluster.broker.replica_host import (
     log_config,
     replica_config,
 )
-from localcluster.broker.state_change_log import log_state_change
+from localcluster.broker.state_change_log import log_state_change, log_state_changes
 from localcluster.metrics.board import NullMetricsWriter
 from localcluster.protocol.controller_requests import (
     LeaderAndIsrRequest,
@@ -88,6 +89,7 @@ class ReplicaManager(ReplicaHost):
         self.broker_topic_defaults = resolve_broker_defaults(config)
         self.data_dir = data_dir
         self.checkpoint_dir = checkpoint_dir
+        self._request_changes: list | None = None  # a controller request's, while applied
         super().__init__(config.broker_id, replica_config(config),
                          LogManager(data_dir, checkpoint_dir, self.log_config,
                                     lambda: int(time.time() * 1000),
@@ -164,7 +166,10 @@ class ReplicaManager(ReplicaHost):
     # -- the Ready's hooks (replica_host.py carries out the rest) ------------------------------
 
     def on_state_change(self, change) -> None:
-        log_state_change(change)
+        if self._request_changes is not None:  # logged with the request's others
+            self._request_changes.append(change)
+        else:
+            log_state_change(change)
         if isinstance(change, r.IsrChanged):
             self.metrics.record_isr_change(shrink=len(change.isr) < len(change.previous_isr))
 
@@ -207,12 +212,30 @@ class ReplicaManager(ReplicaHost):
 
     def become_leader_or_follower(self, request: LeaderAndIsrRequest,
                                   topic_configs: dict[str, TopicConfig] | None = None) -> PartitionErrors:  # fmt: skip
-        return self._partition_errors(self.lead_or_follow(request.controller_epoch,
-                                                          request.partitions, topic_configs))  # fmt: skip
+        with self._changes_logged_together(f"LeaderAndIsr of controller {request.controller_id} "
+                                           f"(controller epoch {request.controller_epoch})"):  # fmt: skip
+            result = self.lead_or_follow(
+                request.controller_epoch, request.partitions, topic_configs
+            )
+        return self._partition_errors(result)
 
     def stop_replicas(self, request: StopReplicaRequest) -> PartitionErrors:
-        return self._partition_errors(self.stop(request.controller_epoch, request.partitions,
-                                                request.delete_partitions))  # fmt: skip
+        with self._changes_logged_together(f"StopReplica of controller {request.controller_id} "
+                                           f"(controller epoch {request.controller_epoch})"):  # fmt: skip
+            result = self.stop(request.controller_epoch, request.partitions,
+                               request.delete_partitions)  # fmt: skip
+        return self._partition_errors(result)
+
+    @contextlib.contextmanager
+    def _changes_logged_together(self, source: str):
+        """The state changes made inside are logged at the end, summarized when many
+        (state_change_log.log_state_changes)."""
+        self._request_changes = []
+        try:
+            yield
+        finally:
+            changes, self._request_changes = self._request_changes, None
+            log_state_changes(changes, source)
 
     @staticmethod
     def _partition_errors(result: r.LeaderAndIsrResult) -> PartitionErrors:

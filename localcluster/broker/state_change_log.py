@@ -27,6 +27,7 @@ log = logging.getLogger("localcluster.broker.replica_manager")
 _json_log = logging.getLogger("localcluster.state_change")
 _json_log.propagate = False  # JSON lines go to state-change.log only
 FILE_NAME = "state-change.log"
+SUMMARIZED_OVER = 10  # state changes of one request logged one by one in the broker's log
 _broker_id = -1
 
 
@@ -77,6 +78,31 @@ def log_state_change(change) -> None:
     level, message = describe(change)
     log.log(level, "%s", message)
     write_event(event_name(change), fields(change), message)
+
+
+def log_state_changes(changes, source: str) -> None:
+    """The state changes one request made (a LeaderAndIsr of 6,000 partitions makes 6,000):
+    each goes to the state-change log. The broker's log gets each one when there are at most
+    SUMMARIZED_OVER of them at INFO, else one line per kind of change (how many, and the first
+    as an example) with each one at DEBUG; a warning always gets its own line."""
+    described = [(change, *describe(change)) for change in changes]
+    for change, _, message in described:
+        write_event(event_name(change), fields(change), message)
+    quiet = [(change, message) for change, level, message in described if level <= logging.INFO]
+    for _, level, message in described:
+        if level > logging.INFO or len(quiet) <= SUMMARIZED_OVER:
+            log.log(level, "%s", message)
+    if len(quiet) <= SUMMARIZED_OVER:
+        return
+    kinds: dict[str, list[str]] = {}
+    for change, message in quiet:
+        kinds.setdefault(event_name(change), []).append(message)
+    for kind, messages in kinds.items():
+        log.info("%s: %s partition(s) %s, e.g. %s; each one is in %s", source,
+                 f"{len(messages):,}", kind.replace("_", " "), messages[0], FILE_NAME)  # fmt: skip
+    if log.isEnabledFor(logging.DEBUG):
+        for _, message in quiet:
+            log.debug("%s", message)
 
 
 def read_events(path: Path) -> list[dict]:

@@ -192,8 +192,9 @@ class SendStopReplica:
 
 @dataclass(frozen=True, slots=True)
 class SendUpdateMetadata:
-    """The same full picture to each of `broker_ids`: partitions (with the replicas of each
-    that are offline, parallel) and the live brokers, whose endpoints the runtime encodes."""
+    """The same UpdateMetadata to each of `broker_ids`: partitions (with the replicas of each
+    that are offline, parallel) and the live brokers, whose endpoints the runtime encodes;
+    `type` is cr.FULL (every partition) or cr.INCREMENTAL (those that changed)."""
 
     broker_ids: tuple[int, ...]
     controller_id: int
@@ -201,6 +202,7 @@ class SendUpdateMetadata:
     partitions: tuple[cr.PartitionState, ...]
     offline_replicas: tuple[tuple[int, ...], ...]
     live_brokers: tuple[BrokerRegistration, ...]
+    type: int = cr.FULL
 
 
 @dataclass(frozen=True, slots=True)

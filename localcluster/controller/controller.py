@@ -25,7 +25,8 @@ import functools
 import logging
 from collections.abc import Callable
 
-from localcluster.broker.state_change_log import write_event
+from localcluster.broker.state_change_log import FILE_NAME as STATE_CHANGE_LOG
+from localcluster.broker.state_change_log import SUMMARIZED_OVER, write_event
 from localcluster.controller import actions as act
 from localcluster.controller import events as ev
 from localcluster.controller.channel import ControllerChannelManager
@@ -45,6 +46,14 @@ SEAT_RETRY_S = 1.0
 
 class _SeatChange:
     """The /controller watch fired: elect ourselves if the seat is free, resign if it is not ours."""
+
+
+def _routine(note: act.Note) -> bool:
+    """A clean election or an ISR shrink: logged in a summary when one step makes many."""
+    if note.event is None:
+        return False
+    kind, fields = note.event
+    return kind == "isr_shrunk" or (kind == "elected" and not fields.get("unclean"))
 
 
 class KafkaController:
@@ -185,12 +194,11 @@ class KafkaController:
             ready = core.step(result)
 
     async def _execute(self, actions: list[act.Action]) -> None:
+        self._log_notes([action for action in actions if isinstance(action, act.Note)])
         for action in actions:
             match action:
-                case act.Note(line=line, event=event):
-                    self.event(line)
-                    if event is not None:
-                        write_event(event[0], event[1], f"controller {self.broker_id}: {line}")
+                case act.Note():
+                    pass  # logged above, before the requests they explain go out
                 case act.SendLeaderAndIsr(broker_id=broker, request=request):
                     self.channel.send(
                         broker, ApiKey.LEADER_AND_ISR, cr.write_leader_and_isr(request)
@@ -221,12 +229,35 @@ class KafkaController:
                 case _:
                     raise AssertionError(f"controller: no action {action!r}")
 
+    def _log_notes(self, notes: list[act.Note]) -> None:
+        """One step's notes: each with an event goes to the state-change log. The broker's
+        log gets each line, unless more than SUMMARIZED_OVER are routine (a clean election, an
+        ISR shrink: a failover of 10,000 partitions makes thousands): those get one line per
+        kind, with the first as an example, and each one at DEBUG."""
+        for note in notes:
+            if note.event is not None:
+                write_event(
+                    note.event[0], note.event[1], f"controller {self.broker_id}: {note.line}"
+                )
+        routine = [note for note in notes if _routine(note)]
+        summarized = len(routine) > SUMMARIZED_OVER
+        kinds: dict[str, list[act.Note]] = {}
+        for note in notes:
+            if summarized and _routine(note):
+                kinds.setdefault(note.event[0], []).append(note)
+                log.debug("controller %d: %s", self.broker_id, note.line)
+            else:
+                self.event(note.line)
+        for kind, group in kinds.items():
+            self.event(f"{len(group):,} partition(s) {kind.replace('_', ' ')}, e.g. "
+                       f"{group[0].line}; each one is in {STATE_CHANGE_LOG}")  # fmt: skip
+
     def _send_update_metadata(self, action: act.SendUpdateMetadata) -> None:
         brokers = tuple(cr.MetadataBroker(r.broker_id, r.endpoints, r.rack, r.unix_socket)
                         for r in action.live_brokers)  # fmt: skip
         body = cr.write_update_metadata(cr.UpdateMetadataRequest(action.controller_id,
                                         action.controller_epoch, action.partitions,
-                                        action.offline_replicas, brokers))  # fmt: skip
+                                        action.offline_replicas, brokers, action.type))  # fmt: skip
         for broker in action.broker_ids:
             self.channel.send(broker, ApiKey.UPDATE_METADATA, body, parse=cr.read_error_code)
 

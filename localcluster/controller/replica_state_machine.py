@@ -59,8 +59,13 @@ class ReplicaStateMachine:
             for tp in written:
                 replica = removals[tp]
                 batch.add_leader_and_isr(tp, [r for r in ctx.assignments[tp] if r != replica])
-                self.partitions.note(f"{tp[0]}-{tp[1]}: ISR shrank to {list(writes[tp].isr)} "
-                                     f"(broker {replica} is gone)")  # fmt: skip
+                state = writes[tp]
+                self.partitions.note(f"{tp[0]}-{tp[1]}: ISR shrank to {list(state.isr)} "
+                                     f"(broker {replica} is gone)",
+                                     ("isr_shrunk", {"topic": tp[0], "partition": tp[1],
+                                                     "leader": state.leader,
+                                                     "leader_epoch": state.leader_epoch,
+                                                     "isr": list(state.isr), "removed": replica}))  # fmt: skip
             removals = {tp: removals[tp] for tp in conflicts}
             if not removals:
                 return shrunk

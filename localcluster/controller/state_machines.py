@@ -87,6 +87,14 @@ class StateTable(Generic[K, S]):
             self._states[key] = target
         return previous
 
+    def put(self, key: K, state: S) -> None:
+        """Set `key`'s state with no transition: a new controller's initial states (Kafka's
+        initializePartitionState and initializeReplicaState put them the same way)."""
+        if state == self._initial:
+            self._states.pop(key, None)
+        else:
+            self._states[key] = state
+
     def keys_in(self, *states: S) -> list[K]:
         return [k for k, s in self._states.items() if s in states]
 

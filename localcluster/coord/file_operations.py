@@ -14,7 +14,6 @@ holds the exclusive store lock and commits the mutation only if every operation 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -85,12 +84,19 @@ class Batch:
         self.nodes: dict[str, Znode | None] = {}
         self.files: dict[str, bytes | None] = {}
         self.lines: list[list] = []  # [zxid, changes] per absorbed mutation
+        # znodes read from the store: nothing else writes it while the batch holds the lock,
+        # and a batch of partition-state writes checks /controller_epoch in each transaction
+        self._read: dict[str, Znode | None] = {}
 
     def read_znode(self, path: str) -> Znode | None:
-        if path not in self.nodes:
-            return self.store.read_znode(path)
-        node = self.nodes[path]  # a copy: the mutation reading it may modify it in place
-        return None if node is None else dataclasses.replace(node, children=list(node.children))
+        if path in self.nodes:
+            node = self.nodes[path]
+        elif path in self._read:
+            node = self._read[path]
+        else:
+            node = self._read[path] = self.store.read_znode(path)
+        # a copy: the mutation reading it may modify it in place
+        return None if node is None else node.copy()
 
     def read_file(self, relative: str) -> bytes | None:
         return self.files[relative] if relative in self.files else self.store.read_file(relative)

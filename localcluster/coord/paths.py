@@ -9,20 +9,17 @@ paths with the same error.
 
 from __future__ import annotations
 
+import re
+
 from localcluster.coord.interface import BadPathError
 
 SEQUENCE_DIGITS = 10  # ZooKeeper appends a per-parent counter as %010d
 
 
-def _bad_character(ch: str) -> bool:
-    code = ord(ch)
-    return (
-        code == 0
-        or 0x01 <= code <= 0x1F
-        or 0x7F <= code <= 0x9F
-        or 0xD800 <= code <= 0xF8FF
-        or 0xFFF0 <= code <= 0xFFFF
-    )
+# The characters ZooKeeper's PathUtils forbids: NUL, the C0 and C1 controls, the surrogates and
+# the private use area, and U+FFF0-U+FFFF. One regular expression: a controller failover
+# validates tens of thousands of paths, and a Python call per character was a fifth of it.
+_BAD_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\uf8ff\ufff0-\uffff]")
 
 
 def validate_path(path: str, sequential: bool = False) -> str:
@@ -45,12 +42,13 @@ def validate_path(path: str, sequential: bool = False) -> str:
             raise BadPathError(f"znode path {path!r} has an empty name ('//') ({hint})")
         if name in (".", ".."):
             raise BadPathError(f"znode path {path!r} uses the relative name {name!r} ({hint})")
-        for ch in name:
-            if _bad_character(ch):
-                raise BadPathError(
-                    f"znode path {path!r} contains the character {ch!r} "
-                    f"(U+{ord(ch):04X}), which ZooKeeper forbids ({hint})"
-                )
+        bad = _BAD_CHARACTER.search(name)
+        if bad is not None:
+            ch = bad.group()
+            raise BadPathError(
+                f"znode path {path!r} contains the character {ch!r} "
+                f"(U+{ord(ch):04X}), which ZooKeeper forbids ({hint})"
+            )
     return path
 
 

@@ -11,7 +11,7 @@ LeaderAndIsr (4):  controller_id int32, controller_epoch int32, is_init int8,
 StopReplica (5):   controller_id int32, controller_epoch int32, delete_partitions int8,
                    [topic string, partition int32]
     response:      error_code int16, [topic string, partition int32, error_code int16]
-UpdateMetadata (6): controller_id int32, controller_epoch int32,
+UpdateMetadata (6): controller_id int32, controller_epoch int32, type int8,
                    [topic string, partition int32, controller_epoch int32, leader int32,
                     leader_epoch int32, isr [int32], zk_version int32, replicas [int32],
                     offline_replicas [int32]],
@@ -19,6 +19,10 @@ UpdateMetadata (6): controller_id int32, controller_epoch int32,
                     security_protocol string] (as UpdateMetadata v3+ carries endpoints),
                     rack nullable_string, unix_socket string]
     response:      error_code int16
+    type (UpdateMetadata v8's Type, KIP-866): FULL (2), the whole picture, which replaces what
+    the broker held; INCREMENTAL (1), the partitions that changed, each replacing its own
+    entry, a leader of LEADER_DURING_DELETE (-2) removing it (Kafka's marker for a partition
+    of a topic being deleted). The broker list is always the whole list.
 ControlledShutdown (7): broker_id int32
     response:      error_code int16, [topic string, partition int32] (partitions still led)
 """
@@ -29,6 +33,10 @@ from dataclasses import dataclass
 
 from localcluster.metadata_types import EndPoint
 from localcluster.protocol.wire import Reader, Writer
+
+INCREMENTAL = 1  # UpdateMetadata's type: the partitions that changed
+FULL = 2  # UpdateMetadata's type: every partition
+LEADER_DURING_DELETE = -2  # Kafka's LeaderAndIsr.LeaderDuringDelete: UpdateMetadata removes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +73,15 @@ class MetadataBroker:
 
 @dataclass(frozen=True, slots=True)
 class UpdateMetadataRequest:
-    """The controller's full picture of live brokers and partition leadership."""
+    """The controller's picture of live brokers and partition leadership: all of it (FULL)
+    or the partitions that changed (INCREMENTAL); see the module's docstring."""
 
     controller_id: int
     controller_epoch: int
     partitions: tuple[PartitionState, ...]  # is_new unused; offline replicas travel apart
     offline_replicas: tuple[tuple[int, ...], ...]  # parallel to partitions
     brokers: tuple[MetadataBroker, ...]
+    type: int = FULL
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +172,7 @@ def read_partition_errors(r: Reader) -> PartitionErrors:
 
 
 def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
-    w = Writer().int32(request.controller_id).int32(request.controller_epoch)
+    w = Writer().int32(request.controller_id).int32(request.controller_epoch).int8(request.type)
     w.int32(len(request.partitions))
     for p, offline in zip(request.partitions, request.offline_replicas, strict=True):
         _write_partition_state(w, p)
@@ -177,14 +187,18 @@ def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
 
 
 def read_update_metadata(r: Reader) -> UpdateMetadataRequest:
-    controller_id, controller_epoch = r.int32(), r.int32()
+    controller_id, controller_epoch, update_type = r.int32(), r.int32(), r.int8()
+    if update_type not in (INCREMENTAL, FULL):
+        raise ValueError(
+            f"UpdateMetadata type {update_type} is neither INCREMENTAL (1) nor FULL (2)"
+        )
     partitions, offline = [], []
     for _ in range(r.array_length()):
         partitions.append(PartitionState(*_read_partition_state(r)))
         offline.append(_int32s(r))
     brokers = tuple(_read_metadata_broker(r) for _ in range(r.array_length()))
     return UpdateMetadataRequest(
-        controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers
+        controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers, update_type
     )
 
 

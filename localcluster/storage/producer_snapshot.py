@@ -175,10 +175,12 @@ class ProducerStateManager:
             self.state.replay(headers)
             replayed += len(headers)
         self.state.update_map_end_offset(end)
-        log.info("producer state of %s loaded from %s and %d batches up to offset %d: %d "
-                 "producers", self.directory,
-                 "no snapshot" if loaded is None else snapshot_file_name(loaded), replayed, end,
-                 len(self.state.producers))  # fmt: skip
+        # an empty log's (every partition of a new topic) at DEBUG: nothing was loaded
+        level = logging.DEBUG if loaded is None and not replayed else logging.INFO
+        log.log(level, "producer state of %s loaded from %s and %d batches up to offset %d: %d "
+                "producers", self.directory,
+                "no snapshot" if loaded is None else snapshot_file_name(loaded), replayed, end,
+                len(self.state.producers))  # fmt: skip
         self.take_snapshot()
 
     def _load_newest_snapshot(self, now_ms: int) -> int | None:

@@ -25,6 +25,7 @@ from localcluster.controller.core import ControllerCore, ControllerSettings
 from localcluster.controller.partition_state_machine import MAX_WRITE_ATTEMPTS
 from localcluster.controller.state_machines import PartitionState, ReplicaState
 from localcluster.metadata_types import BrokerRegistration, EndPoint, LeaderAndIsr, TopicAssignment
+from localcluster.protocol import controller_requests as cr
 
 EPOCH = 5
 EPOCH_ZK_VERSION = 4
@@ -205,8 +206,9 @@ def render_action(a) -> str:
             parts = [f"{_partition(p)}{' offline ' + _ids(o) if o else ''}"
                      for p, o in zip(a.partitions, a.offline_replicas, strict=True)]  # fmt: skip
             live = ",".join(str(r.broker_id) for r in a.live_brokers)
+            kind = "full" if a.type == cr.FULL else "incremental"
             return (
-                f"UpdateMetadata c{a.controller_epoch} -> {','.join(map(str, a.broker_ids))} (live {live}): "
+                f"UpdateMetadata {kind} c{a.controller_epoch} -> {','.join(map(str, a.broker_ids))} (live {live}): "
                 + ("; ".join(parts) or "no partitions")
             )
         case act.AddBroker(registration=r):
@@ -281,7 +283,7 @@ def test_topic_creation_elects_the_first_live_replica_with_the_live_replicas_as_
         AddBroker 2
         AddBroker 3
         store ReadTopicNames
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): no partitions
+        UpdateMetadata full c5 -> 1,2,3 (live 1,2,3): no partitions
         store ReadTopicDeletions
         store ReadReassignments
         store ReadElectionRequest preferred
@@ -301,7 +303,7 @@ def test_topic_creation_elects_the_first_live_replica_with_the_live_replicas_as_
         note t-1: leader 2 elected (new partition), ISR [2, 1]
         LeaderAndIsr c5 -> 1: t-0 1/e0/[1,2] v0 ar [1,2,3] new; t-1 2/e0/[2,1] v0 ar [2,3,1] new
         LeaderAndIsr c5 -> 2: t-0 1/e0/[1,2] v0 ar [1,2,3] new; t-1 2/e0/[2,1] v0 ar [2,3,1] new
-        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2] v0 offline [3]; t-1 2/e0/[2,1] v0 offline [3]
+        UpdateMetadata incremental c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2] v0 offline [3]; t-1 2/e0/[2,1] v0 offline [3]
     """)
     ctx = h.core.ctx
     assert ctx.partition_states.state(T0) == PartitionState.ONLINE
@@ -328,7 +330,7 @@ def test_a_state_znode_created_meanwhile_keeps_the_partition_new_until_it_is_ele
         store ReadPartitionStates t-0
         store WritePartitionStates t-0=1/e0/[1,2,3]@new -> t-0 CLASH
         store ReadPartitionStates t-0
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 2/e0/[2,3] v0
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): t-0 2/e0/[2,3] v0
     """)
     assert h.core.ctx.partition_states.state(T0) == PartitionState.NEW
     del store._write_states
@@ -342,7 +344,7 @@ def test_a_state_znode_created_meanwhile_keeps_the_partition_new_until_it_is_ele
         note t-0: leader 2 elected (offline) in epoch 1, ISR [2]
         LeaderAndIsr c5 -> 1: t-0 2/e1/[2] v1 ar [1,2,3]
         LeaderAndIsr c5 -> 2: t-0 2/e1/[2] v1 ar [1,2,3]
-        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 2/e1/[2] v1 offline [3]
+        UpdateMetadata incremental c5 -> 1,2 (live 1,2): t-0 2/e1/[2] v1 offline [3]
     """)
 
 
@@ -363,15 +365,12 @@ def test_startup_sends_everyone_the_full_state_and_takes_dead_replicas_out_of_th
         store ReadTopics t
         store ReadPartitionStates t-0 t-1
         WatchTopic t
-        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2,3] v0 offline [3]; t-1 2/e0/[2,3,1] v0 offline [3]
-        LeaderAndIsr c5 -> 1: t-0 1/e0/[1,2,3] v0 ar [1,2,3]; t-1 2/e0/[2,3,1] v0 ar [2,3,1]
-        LeaderAndIsr c5 -> 2: t-0 1/e0/[1,2,3] v0 ar [1,2,3]; t-1 2/e0/[2,3,1] v0 ar [2,3,1]
         store WritePartitionStates t-0=1/e1/[1,2]@v0 t-1=2/e1/[2,1]@v0 -> t-0@v1 t-1@v1
         note t-0: ISR shrank to [1, 2] (broker 3 is gone)
         note t-1: ISR shrank to [2, 1] (broker 3 is gone)
         LeaderAndIsr c5 -> 1: t-0 1/e1/[1,2] v1 ar [1,2,3]; t-1 2/e1/[2,1] v1 ar [2,3,1]
         LeaderAndIsr c5 -> 2: t-0 1/e1/[1,2] v1 ar [1,2,3]; t-1 2/e1/[2,1] v1 ar [2,3,1]
-        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e1/[1,2] v1 offline [3]; t-1 2/e1/[2,1] v1 offline [3]
+        UpdateMetadata full c5 -> 1,2 (live 1,2): t-0 1/e1/[1,2] v1 offline [3]; t-1 2/e1/[2,1] v1 offline [3]
         store ReadTopicDeletions
         store ReadReassignments
         store ReadElectionRequest preferred
@@ -385,23 +384,34 @@ def test_a_new_controller_sends_its_elections_and_the_metadata_before_the_unchan
     store.topic("t", {0: (1, 2, 3), 1: (3, 1, 2)})
     store.state(T0, 1, 0, (1, 2, 3), 0)
     store.state(T1, 3, 0, (3, 1, 2), 0)
+    store.topic("u", {0: (2, 1)})  # unchanged: its state goes after the ISR removals'
+    store.state(("u", 0), 2, 0, (2, 1), 0)
     h = Harness(store)
-    before_isr_removals = h.step(ev.Startup()).split("\nstore WritePartitionStates t-0=1/e1")[0]
+    transcript = h.step(ev.Startup())
+    before_isr_removals, after = transcript.split("\nstore WritePartitionStates t-0=1/e1")
+    assert after.split("\nstore ReadTopicDeletions")[0] == expect("""
+        /[1,2]@v0 -> t-0@v1
+        note t-0: ISR shrank to [1, 2] (broker 3 is gone)
+        LeaderAndIsr c5 -> 1: u-0 2/e0/[2,1] v0 ar [2,1]
+        LeaderAndIsr c5 -> 2: u-0 2/e0/[2,1] v0 ar [2,1]
+        LeaderAndIsr c5 -> 1: t-0 1/e1/[1,2] v1 ar [1,2,3]
+        LeaderAndIsr c5 -> 2: t-0 1/e1/[1,2] v1 ar [1,2,3]
+        UpdateMetadata full c5 -> 1,2 (live 1,2): t-0 1/e1/[1,2] v1 offline [3]; t-1 1/e1/[1,2] v1 offline [3]; u-0 2/e0/[2,1] v0
+    """)  # fmt: skip
     assert before_isr_removals == expect("""
         store ReadBrokers
         AddBroker 1
         AddBroker 2
         store ReadTopicNames
-        store ReadTopics t
-        store ReadPartitionStates t-0 t-1
+        store ReadTopics t u
+        store ReadPartitionStates t-0 t-1 u-0
         WatchTopic t
+        WatchTopic u
         store WritePartitionStates t-1=1/e1/[1,2]@v0 -> t-1@v1
         note t-1: leader 1 elected (offline) in epoch 1, ISR [1, 2]
         LeaderAndIsr c5 -> 1: t-1 1/e1/[1,2] v1 ar [3,1,2]
         LeaderAndIsr c5 -> 2: t-1 1/e1/[1,2] v1 ar [3,1,2]
-        UpdateMetadata c5 -> 1,2 (live 1,2): t-0 1/e0/[1,2,3] v0 offline [3]; t-1 1/e1/[1,2] v1 offline [3]
-        LeaderAndIsr c5 -> 1: t-0 1/e0/[1,2,3] v0 ar [1,2,3]
-        LeaderAndIsr c5 -> 2: t-0 1/e0/[1,2,3] v0 ar [1,2,3]
+        UpdateMetadata incremental c5 -> 1,2 (live 1,2): t-1 1/e1/[1,2] v1 offline [3]
     """)
 
 
@@ -419,12 +429,12 @@ def test_broker_failure_elects_from_the_isr_then_shrinks_the_isr_of_what_it_foll
         note t-0: leader 2 elected (offline) in epoch 1, ISR [2, 3]
         LeaderAndIsr c5 -> 2: t-0 2/e1/[2,3] v1 ar [1,2,3]
         LeaderAndIsr c5 -> 3: t-0 2/e1/[2,3] v1 ar [1,2,3]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2,3] v1 offline [1]; t-1 2/e0/[2,3,1] v0 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 2/e1/[2,3] v1 offline [1]; t-1 2/e0/[2,3,1] v0 offline [1]
         store WritePartitionStates t-1=2/e1/[2,3]@v0 -> t-1@v1
         note t-1: ISR shrank to [2, 3] (broker 1 is gone)
         LeaderAndIsr c5 -> 2: t-1 2/e1/[2,3] v1 ar [2,3,1]
         LeaderAndIsr c5 -> 3: t-1 2/e1/[2,3] v1 ar [2,3,1]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2,3] v1 offline [1]; t-1 2/e1/[2,3] v1 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-1 2/e1/[2,3] v1 offline [1]
     """)
     assert h.core.ctx.replica_states.state((T0, 1)) == ReplicaState.OFFLINE
 
@@ -439,7 +449,8 @@ def test_broker_startup_tells_the_returning_broker_the_current_state_of_its_part
         AddBroker 1
         note broker(s) [1] registered
         LeaderAndIsr c5 -> 1: t-0 2/e1/[2,3] v1 ar [1,2,3]; t-1 2/e1/[2,3] v1 ar [2,3,1]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 2/e1/[2,3] v1; t-1 2/e1/[2,3] v1
+        UpdateMetadata full c5 -> 1 (live 1,2,3): t-0 2/e1/[2,3] v1; t-1 2/e1/[2,3] v1
+        UpdateMetadata incremental c5 -> 2,3 (live 1,2,3): t-0 2/e1/[2,3] v1; t-1 2/e1/[2,3] v1
     """)
     assert h.core.ctx.replica_states.state((T0, 1)) == ReplicaState.ONLINE
 
@@ -457,15 +468,16 @@ def test_a_broker_that_registered_again_is_a_failure_and_a_startup():
         LeaderAndIsr c5 -> 1: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
         LeaderAndIsr c5 -> 2: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
         LeaderAndIsr c5 -> 3: t-1 2/e1/[2,3,1] v1 ar [2,3,1]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e0/[1,2,3] v0; t-1 2/e1/[2,3,1] v1
+        UpdateMetadata full c5 -> 2 (live 1,2,3): t-0 1/e0/[1,2,3] v0; t-1 2/e1/[2,3,1] v1
+        UpdateMetadata incremental c5 -> 1,3 (live 1,2,3): t-1 2/e1/[2,3,1] v1
         store WritePartitionStates t-0=1/e1/[1,3]@v0 -> t-0@v1
         note t-0: ISR shrank to [1, 3] (broker 2 is gone)
         LeaderAndIsr c5 -> 1: t-0 1/e1/[1,3] v1 ar [1,2,3]
         LeaderAndIsr c5 -> 3: t-0 1/e1/[1,3] v1 ar [1,2,3]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e1/[1,3] v1; t-1 2/e1/[2,3,1] v1
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): t-0 1/e1/[1,3] v1
         note broker(s) [2] registered
         LeaderAndIsr c5 -> 2: t-0 1/e1/[1,3] v1 ar [1,2,3]; t-1 2/e1/[2,3,1] v1 ar [2,3,1]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e1/[1,3] v1; t-1 2/e1/[2,3,1] v1
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): no partitions
     """)
 
 
@@ -478,7 +490,7 @@ def test_the_last_isr_member_dying_leaves_the_partition_leaderless_until_it_retu
         note broker(s) [1] died
         store WritePartitionStates t-0=-1/e4/[1]@v7 -> t-0@v8
         note t-0: OFFLINE, no live replica in ISR [1] (unclean.leader.election.enable=false)
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 -1/e4/[1] v8 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 -1/e4/[1] v8 offline [1]
     """)
     assert h.core.ctx.partition_states.state(T0) == PartitionState.OFFLINE
     h.store.brokers[1] = registration(1, session=2)
@@ -490,7 +502,8 @@ def test_the_last_isr_member_dying_leaves_the_partition_leaderless_until_it_retu
         note t-0: leader 1 elected (offline) in epoch 5, ISR [1]
         LeaderAndIsr c5 -> 1: t-0 1/e5/[1] v9 ar [1,2]
         LeaderAndIsr c5 -> 2: t-0 1/e5/[1] v9 ar [1,2]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e5/[1] v9
+        UpdateMetadata full c5 -> 1 (live 1,2,3): t-0 1/e5/[1] v9
+        UpdateMetadata incremental c5 -> 2,3 (live 1,2,3): t-0 1/e5/[1] v9
     """)
 
 
@@ -508,7 +521,7 @@ def test_unclean_election_enabled_for_the_topic_elects_an_out_of_sync_replica():
         store WritePartitionStates t-0=2/e4/[2]@v7 -> t-0@v8
         note t-0: leader 2 elected (offline) in epoch 4, ISR [2] UNCLEAN (not in the ISR: records may be lost)
         LeaderAndIsr c5 -> 2: t-0 2/e4/[2] v8 ar [1,2]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e4/[2] v8 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 2/e4/[2] v8 offline [1]
     """)
 
 
@@ -528,7 +541,7 @@ def test_enabling_unclean_election_for_a_topic_elects_its_offline_partitions_at_
         store WritePartitionStates t-0=2/e5/[2]@v8 -> t-0@v9
         note t-0: leader 2 elected (offline) in epoch 5, ISR [2] UNCLEAN (not in the ISR: records may be lost)
         LeaderAndIsr c5 -> 2: t-0 2/e5/[2] v9 ar [1,2]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e5/[2] v9 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 2/e5/[2] v9 offline [1]
     """)
     assert h.step(ev.TopicUncleanLeaderElectionEnable("gone")) == expect("")
 
@@ -543,7 +556,7 @@ def test_an_unclean_election_on_request_takes_any_live_replica_of_a_leaderless_p
         store WritePartitionStates t-0=2/e5/[2]@v8 -> t-0@v9
         note t-0: leader 2 elected (unclean (requested)) in epoch 5, ISR [2] UNCLEAN (not in the ISR: records may be lost)
         LeaderAndIsr c5 -> 2: t-0 2/e5/[2] v9 ar [1,2]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e5/[2] v9 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 2/e5/[2] v9 offline [1]
         store DeleteElectionRequest unclean
     """)
 
@@ -566,14 +579,14 @@ def test_a_clashing_write_is_re_read_and_decided_again_from_what_the_leader_wrot
         note t-0: leader 2 elected (offline) in epoch 1, ISR [2]
         LeaderAndIsr c5 -> 2: t-0 2/e1/[2] v2 ar [1,2,3]
         LeaderAndIsr c5 -> 3: t-0 2/e1/[2] v2 ar [1,2,3]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2] v2 offline [1]; t-1 2/e0/[2,3,1] v0 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 2/e1/[2] v2 offline [1]; t-1 2/e0/[2,3,1] v0 offline [1]
         store WritePartitionStates t-1=2/e1/[2,3]@v0 -> t-1 CLASH
         store ReadPartitionStates t-1
         store WritePartitionStates t-1=2/e1/[2]@v1 -> t-1@v2
         note t-1: ISR shrank to [2] (broker 1 is gone)
         LeaderAndIsr c5 -> 2: t-1 2/e1/[2] v2 ar [2,3,1]
         LeaderAndIsr c5 -> 3: t-1 2/e1/[2] v2 ar [2,3,1]
-        UpdateMetadata c5 -> 2,3 (live 2,3): t-0 2/e1/[2] v2 offline [1]; t-1 2/e1/[2] v2 offline [1]
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-1 2/e1/[2] v2 offline [1]
     """)
 
 
@@ -693,7 +706,7 @@ def test_reassignment_grows_ar_then_completes_once_every_target_replica_is_in_th
         LeaderAndIsr c5 -> 2: t-0 1/e3/[1,2,3] v6 ar [1,2,3,4]
         LeaderAndIsr c5 -> 3: t-0 1/e3/[1,2,3] v6 ar [1,2,3,4]
         LeaderAndIsr c5 -> 4: t-0 1/e3/[1,2,3] v6 ar [1,2,3,4]
-        UpdateMetadata c5 -> 1,2,3,4 (live 1,2,3,4): t-0 1/e3/[1,2,3] v6
+        UpdateMetadata incremental c5 -> 1,2,3,4 (live 1,2,3,4): t-0 1/e3/[1,2,3] v6
         note t-0: reassignment [1, 2, 3] -> [2, 3, 4] started
     """)
     h.store.leader_writes_isr(T0, (1, 2, 3, 4))  # 4 caught up
@@ -706,11 +719,11 @@ def test_reassignment_grows_ar_then_completes_once_every_target_replica_is_in_th
         LeaderAndIsr c5 -> 3: t-0 2/e4/[2,3,4] v8 ar [2,3,4]
         LeaderAndIsr c5 -> 4: t-0 2/e4/[2,3,4] v8 ar [2,3,4]
         StopReplica c5 -> 1 delete: t-0
-        UpdateMetadata c5 -> 1,2,3,4 (live 1,2,3,4): t-0 2/e4/[2,3,4] v8
+        UpdateMetadata incremental c5 -> 1,2,3,4 (live 1,2,3,4): t-0 2/e4/[2,3,4] v8
         store WriteAssignment t {0: [2, 3, 4]}
         store RemoveReassignments t-0
         note t-0: reassignment to [2, 3, 4] completed
-        UpdateMetadata c5 -> 1,2,3,4 (live 1,2,3,4): t-0 2/e4/[2,3,4] v8
+        UpdateMetadata incremental c5 -> 1,2,3,4 (live 1,2,3,4): no partitions
     """)
     assert h.store.reassignments is None
     assert h.core.ctx.replica_states.state((T0, 1)) == ReplicaState.NON_EXISTENT
@@ -740,7 +753,7 @@ def test_a_preferred_election_on_request_moves_leadership_to_the_head_of_ar():
         LeaderAndIsr c5 -> 1: t-0 1/e5/[2,3,1] v4 ar [1,2,3]
         LeaderAndIsr c5 -> 2: t-0 1/e5/[2,3,1] v4 ar [1,2,3]
         LeaderAndIsr c5 -> 3: t-0 1/e5/[2,3,1] v4 ar [1,2,3]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e5/[2,3,1] v4; t-1 2/e0/[2,3,1] v0
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): t-0 1/e5/[2,3,1] v4
         store DeleteElectionRequest preferred
     """)
 
@@ -780,7 +793,7 @@ def test_controlled_shutdown_moves_leadership_off_leaves_every_isr_and_stops_the
         LeaderAndIsr c5 -> 2: t-0 2/e1/[2,3] v1 ar [1,2,3]; t-1 2/e1/[2,3] v1 ar [2,3,1]
         LeaderAndIsr c5 -> 3: t-0 2/e1/[2,3] v1 ar [1,2,3]; t-1 2/e1/[2,3] v1 ar [2,3,1]
         StopReplica c5 -> 1: t-0 t-1
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): solo-0 1/e0/[1] v0; t-0 2/e1/[2,3] v1; t-1 2/e1/[2,3] v1
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): t-0 2/e1/[2,3] v1; t-1 2/e1/[2,3] v1
         reply 7: error 0, still leads [solo-0]
     """)
     # Until it is gone, a broker shutting down hears no LeaderAndIsr: it would follow, catch
@@ -815,11 +828,12 @@ def test_topic_deletion_waits_for_dead_replicas_then_stops_and_deletes_every_rep
         AddBroker 3
         note broker(s) [3] registered
         LeaderAndIsr c5 -> 3: t-0 1/e1/[1,2] v1 ar [1,2,3]
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): u-0 1/e0/[1,2] v0
+        UpdateMetadata full c5 -> 3 (live 1,2,3): u-0 1/e0/[1,2] v0
+        UpdateMetadata incremental c5 -> 1,2 (live 1,2,3): t-0 -2/e1/[1,2] v1 offline [3]
         StopReplica c5 -> 1 delete: t-0
         StopReplica c5 -> 2 delete: t-0
         StopReplica c5 -> 3 delete: t-0
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): u-0 1/e0/[1,2] v0
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): no partitions
     """)
     assert h.step(ev.StopReplicaResponseReceived(1, (("t", 0, act.NONE),))) == ""
     assert h.step(ev.StopReplicaResponseReceived(2, (("t", 0, 6),))) == ""  # an error: not done
@@ -827,7 +841,7 @@ def test_topic_deletion_waits_for_dead_replicas_then_stops_and_deletes_every_rep
     assert h.step(ev.StopReplicaResponseReceived(2, (("t", 0, act.NONE),))) == expect("""
         store DeleteTopicZnodes t
         UnwatchTopic t
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): u-0 1/e0/[1,2] v0
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): no partitions
         note topic t deleted
     """)
     assert h.core.ctx.topics() == {"u"} and set(h.store.assignments) == {"u"}
@@ -843,7 +857,7 @@ def test_an_isr_change_notification_reloads_the_partition_and_updates_the_metada
     assert h.step(ev.IsrChangeNotification()) == expect("""
         store ConsumeIsrChangeNotifications
         store ReadPartitionStates t-0
-        UpdateMetadata c5 -> 1,2,3 (live 1,2,3): t-0 1/e0/[1,2] v1
+        UpdateMetadata incremental c5 -> 1,2,3 (live 1,2,3): t-0 1/e0/[1,2] v1
     """)
 
 

@@ -60,3 +60,36 @@ def test_every_state_change_type_has_a_name_and_json_fields():
     assert scl.event_name(change) == "isr_proposed"
     assert json.loads(json.dumps(scl.fields(change)))["update"]["isr"] == [1, 2]
     assert scl.event_name(r.LeaderAndIsrRejected(1, 2)) == "leader_and_isr_rejected"
+
+
+def test_many_changes_of_one_request_are_one_line_per_kind_in_the_brokers_log(log_path, caplog):
+    leading = [r.Leading(("t", p), 1, (1, 2), 0, 0, 0) for p in range(scl.SUMMARIZED_OVER)]
+    ignored = [r.PartitionStateIgnored(("u", p), 0, 0) for p in range(3)]
+    rejected = r.LeaderAndIsrRejected(4, 5)  # a warning: always a line of its own
+    with caplog.at_level("DEBUG", logger=scl.log.name):
+        scl.log_state_changes([*leading, *ignored, rejected], "LeaderAndIsr of controller 1")
+    records = [rec for rec in caplog.records if rec.name == scl.log.name]  # not the JSON lines
+    info = [rec.getMessage() for rec in records if rec.levelname == "INFO"]
+    assert info == [
+        f"LeaderAndIsr of controller 1: {scl.SUMMARIZED_OVER} partition(s) leading, e.g. "
+        f"leading t-0 in epoch 1, ISR [1, 2], offsets [0, 0), HW 0; each one is in {scl.FILE_NAME}",
+        "LeaderAndIsr of controller 1: 3 partition(s) partition state ignored, e.g. ignoring "
+        f"LeaderAndIsr for u-0 in leader epoch 0: epoch 0 is current; each one is in {scl.FILE_NAME}",
+    ]  # fmt: skip
+    assert [rec.getMessage() for rec in records if rec.levelname == "WARNING"] == [
+        "rejected LeaderAndIsr in controller epoch 4: controller epoch 5 is current"
+    ]
+    assert len([rec for rec in records if rec.levelname == "DEBUG"]) == len(leading) + 3
+    events = [json.loads(line)["event"] for line in log_path.read_text().splitlines()]
+    assert events == ["leading"] * len(leading) + ["partition_state_ignored"] * 3 + [
+        "leader_and_isr_rejected"
+    ], "the state-change log still has every change"
+
+
+def test_a_few_changes_of_one_request_are_logged_one_by_one(log_path, caplog):
+    changes = [r.Leading(("t", p), 1, (1,), 0, 0, 0) for p in range(scl.SUMMARIZED_OVER)]
+    with caplog.at_level("INFO", logger=scl.log.name):
+        scl.log_state_changes(changes, "LeaderAndIsr of controller 1")
+    assert [rec.getMessage() for rec in caplog.records if rec.name == scl.log.name] == [
+        f"leading t-{p} in epoch 1, ISR [1], offsets [0, 0), HW 0" for p in range(len(changes))
+    ]
