@@ -95,8 +95,8 @@ def update_metadata(controller_id: int, ctx: ControllerContext, published: Metad
     the picture they then hold. The brokers in `full_to` get all of it (FULL); the others,
     which hold `published`, get the partitions whose entry changed since, and those gone with
     the leader LEADER_DURING_DELETE (INCREMENTAL). Both carry every live broker. At 10,000
-    partitions a full picture took each broker about a second to decode, and every controller
-    event sent one to every broker."""
+    partitions a full picture takes each broker 0.1-0.3 s of CPU to decode, and every
+    controller event used to send one to every broker."""
     picture = metadata_picture(ctx)
     registrations = tuple(r for _, r in sorted(ctx.live_brokers.items()))
     full = tuple(sorted(b for b in ctx.live_brokers if b in full_to))
