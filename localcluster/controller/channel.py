@@ -128,17 +128,20 @@ class ControllerChannelManager:
             await queue.close()
 
     def send(self, broker_id: int, api_key: int, body: bytes, on_response: OnResponse | None = None,
-             parse: Callable[[Reader], object] = cr.read_partition_errors) -> None:  # fmt: skip
+             parse: Callable[[Reader], object] = cr.read_partition_errors) -> bool:  # fmt: skip
+        """Queue the request; False when it was dropped (no channel, or its queue is full)."""
         queue = self._queues.get(broker_id)
         if queue is None:
             log.info("controller: no channel to broker %d (not live); dropping %s", broker_id,
                      ApiKey(api_key).name)  # fmt: skip
-            return
+            return False
         try:
             queue.queue.put_nowait(_Request(api_key, body, on_response, parse))
         except asyncio.QueueFull:
             log.error("controller: queue to broker %d is full (%d requests); dropping %s",
                       broker_id, QUEUE_BOUND, ApiKey(api_key).name)  # fmt: skip
+            return False
+        return True
 
     async def close(self) -> None:
         for broker_id in list(self._queues):

@@ -259,7 +259,20 @@ class KafkaController:
                                         action.controller_epoch, action.partitions,
                                         action.offline_replicas, brokers, action.type))  # fmt: skip
         for broker in action.broker_ids:
-            self.channel.send(broker, ApiKey.UPDATE_METADATA, body, parse=cr.read_error_code)
+            # One dropped or refused makes the broker's next one FULL: an INCREMENTAL one
+            # names only what changed since the last, which it then lacks.
+            if not self.channel.send(broker, ApiKey.UPDATE_METADATA, body,
+                                     lambda error, b=broker: self._metadata_refused(b, error),
+                                     parse=cr.read_error_code):  # fmt: skip
+                self._metadata_missed(broker)
+
+    def _metadata_refused(self, broker: int, error_code: int) -> None:
+        if error_code:
+            self._metadata_missed(broker)
+
+    def _metadata_missed(self, broker: int) -> None:
+        if self.core is not None:
+            self.core.metadata_missed(broker)
 
     def _answer(self, correlation_id: int, value) -> None:
         answer = self._answers.pop(correlation_id, None)

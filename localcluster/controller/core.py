@@ -177,6 +177,11 @@ class ControllerCore:
         self._actions.extend(batch.actions())
         self.send_update_metadata()
 
+    def metadata_missed(self, broker: int) -> None:
+        """The runtime's report: an UpdateMetadata to `broker` was dropped or refused, so it
+        holds less than the last one sent; its next one is FULL."""
+        self._metadata_full_to.add(broker)
+
     def send_update_metadata(self) -> None:
         actions, self._published = update_metadata(self.controller_id, self.ctx, self._published,
                                                     self._metadata_full_to)  # fmt: skip

@@ -110,3 +110,22 @@ def test_an_answer_that_cannot_be_read_is_logged_and_the_next_request_is_sent(ca
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and errors[0].exc_info is not None
     assert "STOP_REPLICA to broker 1" in errors[0].getMessage()
+
+
+def test_a_request_the_channel_cannot_queue_is_reported_dropped(monkeypatch):
+    """send() says whether the request was queued: the controller then sends a broker that
+    missed an UpdateMetadata the full picture next (an incremental one would leave it stale)."""
+    monkeypatch.setattr(channel_module, "QUEUE_BOUND", 1)
+
+    async def run():
+        manager = ControllerChannelManager(0, AnsweringBroker({}))
+        manager.add_broker(BROKER, registration=None)
+        try:
+            outcomes = [manager.send(2, ApiKey.UPDATE_METADATA, b"")]  # no channel to broker 2
+            outcomes += [manager.send(BROKER, ApiKey.UPDATE_METADATA, b"") for _ in range(3)]
+            return outcomes
+        finally:
+            await manager.close()
+
+    # the sends do not await: the first to broker 1 fills its queue, the next two are dropped
+    assert asyncio.run(run()) == [False, True, False, False]

@@ -861,6 +861,20 @@ def test_an_isr_change_notification_reloads_the_partition_and_updates_the_metada
     """)
 
 
+def test_a_broker_whose_update_metadata_was_dropped_gets_the_full_picture_next():
+    h = running(topics={"t": {0: (1, 2, 3)}, "u": {0: (2, 3, 1)}},
+                states={T0: (1, 0, (1, 2, 3), 0), ("u", 0): (2, 0, (2, 3, 1), 0)})  # fmt: skip
+    h.core.metadata_missed(2)  # the runtime could not deliver (or broker 2 refused) the last one
+    h.store.leader_writes_isr(T0, (1, 2))
+    h.store.isr_changes.append(("gone", 3))
+    assert h.step(ev.IsrChangeNotification()) == expect("""
+        store ConsumeIsrChangeNotifications
+        store ReadPartitionStates t-0
+        UpdateMetadata full c5 -> 2 (live 1,2,3): t-0 1/e0/[1,2] v1; u-0 2/e0/[2,3,1] v0
+        UpdateMetadata incremental c5 -> 1,3 (live 1,2,3): t-0 1/e0/[1,2] v1
+    """)  # fmt: skip
+
+
 # -- the layer ------------------------------------------------------------------------------------
 
 CORE_MODULES = ["core", "topic_operations", "partition_state_machine", "replica_state_machine",
