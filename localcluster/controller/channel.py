@@ -40,6 +40,7 @@ class _Request:
     body: bytes
     on_response: OnResponse | None
     parse: Callable[[Reader], object] = cr.read_partition_errors
+    on_dropped: Callable[[], None] | None = None  # given up on: never queued, or failed oddly
 
 
 class _BrokerQueue:
@@ -63,6 +64,8 @@ class _BrokerQueue:
                 log.exception("controller: %s to broker %d failed unexpectedly; going on with "
                               "the next request", ApiKey(request.api_key).name, self.broker_id)  # fmt: skip
                 self._close()
+                if request.on_dropped is not None:
+                    request.on_dropped()
 
     async def _deliver(self, request: _Request) -> None:
         """Send until answered (a connection failure is retried), then hand the answer on."""
@@ -128,20 +131,24 @@ class ControllerChannelManager:
             await queue.close()
 
     def send(self, broker_id: int, api_key: int, body: bytes, on_response: OnResponse | None = None,
-             parse: Callable[[Reader], object] = cr.read_partition_errors) -> bool:  # fmt: skip
-        """Queue the request; False when it was dropped (no channel, or its queue is full)."""
+             parse: Callable[[Reader], object] = cr.read_partition_errors,
+             on_dropped: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """Queue the request. `on_dropped` is called if it is given up on: not queued (no
+        channel, or its queue is full), or its delivery failed unexpectedly."""
+        request = _Request(api_key, body, on_response, parse, on_dropped)
         queue = self._queues.get(broker_id)
         if queue is None:
             log.info("controller: no channel to broker %d (not live); dropping %s", broker_id,
                      ApiKey(api_key).name)  # fmt: skip
-            return False
-        try:
-            queue.queue.put_nowait(_Request(api_key, body, on_response, parse))
-        except asyncio.QueueFull:
-            log.error("controller: queue to broker %d is full (%d requests); dropping %s",
-                      broker_id, QUEUE_BOUND, ApiKey(api_key).name)  # fmt: skip
-            return False
-        return True
+        else:
+            try:
+                queue.queue.put_nowait(request)
+                return
+            except asyncio.QueueFull:
+                log.error("controller: queue to broker %d is full (%d requests); dropping %s",
+                          broker_id, QUEUE_BOUND, ApiKey(api_key).name)  # fmt: skip
+        if on_dropped is not None:
+            on_dropped()
 
     async def close(self) -> None:
         for broker_id in list(self._queues):

@@ -261,10 +261,10 @@ class KafkaController:
         for broker in action.broker_ids:
             # One dropped or refused makes the broker's next one FULL: an INCREMENTAL one
             # names only what changed since the last, which it then lacks.
-            if not self.channel.send(broker, ApiKey.UPDATE_METADATA, body,
-                                     lambda error, b=broker: self._metadata_refused(b, error),
-                                     parse=cr.read_error_code):  # fmt: skip
-                self._metadata_missed(broker)
+            self.channel.send(broker, ApiKey.UPDATE_METADATA, body,
+                              lambda error, b=broker: self._metadata_refused(b, error),
+                              parse=cr.read_error_code,
+                              on_dropped=lambda b=broker: self._metadata_missed(b))  # fmt: skip
 
     def _metadata_refused(self, broker: int, error_code: int) -> None:
         if error_code:

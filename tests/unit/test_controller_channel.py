@@ -112,20 +112,27 @@ def test_an_answer_that_cannot_be_read_is_logged_and_the_next_request_is_sent(ca
     assert "STOP_REPLICA to broker 1" in errors[0].getMessage()
 
 
-def test_a_request_the_channel_cannot_queue_is_reported_dropped(monkeypatch):
-    """send() says whether the request was queued: the controller then sends a broker that
-    missed an UpdateMetadata the full picture next (an incremental one would leave it stale)."""
-    monkeypatch.setattr(channel_module, "QUEUE_BOUND", 1)
+def test_a_request_given_up_on_is_reported_dropped(monkeypatch):
+    """`on_dropped` is called for a request that is never queued (no channel, a full queue) or
+    whose delivery fails unexpectedly: the controller then sends a broker that missed an
+    UpdateMetadata the full picture next (an incremental one would leave it stale)."""
+    monkeypatch.setattr(channel_module, "QUEUE_BOUND", 2)
+    broker = AnsweringBroker({ApiKey.UPDATE_METADATA: b""})  # cut short: the answer cannot be read
+    dropped = []
 
     async def run():
-        manager = ControllerChannelManager(0, AnsweringBroker({}))
+        manager = ControllerChannelManager(0, broker)
         manager.add_broker(BROKER, registration=None)
         try:
-            outcomes = [manager.send(2, ApiKey.UPDATE_METADATA, b"")]  # no channel to broker 2
-            outcomes += [manager.send(BROKER, ApiKey.UPDATE_METADATA, b"") for _ in range(3)]
-            return outcomes
+            manager.send(2, ApiKey.UPDATE_METADATA, b"", on_dropped=lambda: dropped.append("none"))
+            for name in ("first", "second", "full"):  # no await between: the queue takes two
+                manager.send(BROKER, ApiKey.UPDATE_METADATA, b"", parse=cr.read_error_code,
+                             on_dropped=lambda n=name: dropped.append(n))  # fmt: skip
+            async with asyncio.timeout(DEADLINE_S):
+                while len(dropped) < 4:
+                    await asyncio.sleep(0.01)
         finally:
             await manager.close()
 
-    # the sends do not await: the first to broker 1 fills its queue, the next two are dropped
-    assert asyncio.run(run()) == [False, True, False, False]
+    asyncio.run(run())
+    assert dropped == ["none", "full", "first", "second"]
