@@ -30,12 +30,19 @@ What is measured, in one run:
   (its default, set explicitly so a conflicting setting is an error, not a silent fallback);
   then the same load twice with `enable.idempotence=false` and once more with it (A B B A, so
   neither side gains from its place in the run), and the ratio of the two sides' records/s.
+- batch size (issue 19): our client's acks=all at full speed and at half that rate for each
+  `batch.size` in BATCH_SIZES (the 64 KiB rows are the ones above), with the three brokers' CPU
+  per record fitted to `per record + per batch / records per batch` (which of the two costs a
+  bigger batch saves); and the floor: 16 KiB batches at 100 batches/s, the commit's latency on
+  a cluster with nothing else to do.
 - CPU: each broker's CPU seconds from /proc/<pid>/stat over the timed window, and each load
   process's own (os.times), shown in cores (1.00 = one core busy all the time).
 
 Goals, printed with pass/miss and not asserted: >= 1,000,000 records/s at acks=all and p99 <= 5
 ms at half that rate (issue 5); replication over TCP >= 80% of the Unix-socket figure (issue
-13); idempotent acks=all >= 95% of non-idempotent acks=all (issue 14). Brokers, load processes and the raw chain all share this machine's cores (the table note says how many); every process started is killed by process
+13); idempotent acks=all >= 95% of non-idempotent acks=all (issue 14); >= 3,000,000 records/s
+from our client at its best batch size, with the fraction of the raw 3-copy limit beside it,
+and p99 <= 2 ms at half that rate (issue 19). Brokers, load processes and the raw chain all share this machine's cores (the table note says how many); every process started is killed by process
 group at the end and every temporary directory is removed, also on Ctrl-C/SIGTERM.
 """
 
@@ -68,7 +75,7 @@ from bench.broker import (
     settled_end_offsets,
 )
 from bench.common import MB, print_goals, print_note, print_table, write_results
-from bench.load import LoadPool, batch_records_for
+from bench.load import BATCH_BYTES, LoadPool, batch_records_for
 from bench.plots import percentile_spectrum
 
 MADV_POPULATE_WRITE = 23
@@ -82,6 +89,14 @@ NOT_IDEMPOTENT = {"enable.idempotence": "false"}
 TOPIC = "bench-commit"
 BROKERS = (0, 1, 2)
 PERCENTILES = (50.0, 99.0, 99.9)
+# Issue 19: our client's batch.size against records/s and latency. 16 KiB is the Java client's
+# default, 1,000,000 librdkafka's (under the brokers' message.max.bytes, 1,048,588).
+BATCH_SIZES = (16 << 10, BATCH_BYTES, 256 << 10, 1_000_000)
+GOAL_SCALED_RECORDS_PER_S = 3_000_000
+GOAL_SCALED_PIPE_FRACTION = 0.22
+GOAL_SCALED_P99_MS = 2.0
+FLOOR_BATCH_BYTES = 16 << 10
+FLOOR_BATCHES_PER_S = 100
 
 
 @dataclass(frozen=True)
@@ -314,6 +329,56 @@ def idempotence_rows(idempotent: list[dict], not_idempotent: list[dict]) -> list
     return rows
 
 
+def batch_size_rows(sweep: dict[int, tuple[dict, dict]], raw: dict) -> list[dict]:
+    """One row per batch.size: the full-speed run and the half-rate run after it."""
+    rows = []
+    for size, (at_full, at_half) in sorted(sweep.items()):
+        rows.append({"batch_bytes": size, "batch_records": batch_records_for(RECORD_VALUE_BYTES, size),
+                     "records_per_s": at_full["records_per_s"],
+                     "pipe_fraction": at_full["records_per_s"] / raw["records_per_s"],
+                     "latency_ms": at_full["latency_ms"], "broker_cpu_us_per_record": broker_cpu_us_per_record(at_full),
+                     "half": {"records_per_s": at_half["records_per_s"], "latency_ms": at_half["latency_ms"]},
+                     "errors": at_full["errors"] + at_half["errors"]})  # fmt: skip
+    return rows
+
+
+def cost_split(rows: list[dict]) -> dict | None:
+    """The brokers' CPU per record fitted (least squares) to per_record + per_batch / records per
+    batch: µs every record costs wherever it is, and µs every batch costs (its requests, responses
+    and wake-ups) over the three brokers."""
+    import numpy as np
+
+    points = [
+        (1 / r["batch_records"], r["broker_cpu_us_per_record"])
+        for r in rows
+        if r["broker_cpu_us_per_record"]
+    ]
+    if len({x for x, _ in points}) < 2:
+        return None
+    xs, ys = np.array(points).T
+    per_batch, per_record = np.polyfit(xs, ys, 1)
+    return {"per_record_us": float(per_record), "per_batch_us": float(per_batch)}
+
+
+def scaled_goals(rows: list[dict]) -> list[dict]:
+    """Issue 19's goals from the batch-size rows: the best records/s (with its fraction of the raw
+    3-copy limit) and p99 at half that rate, at the same batch.size."""
+    best = max(rows, key=lambda r: r["records_per_s"])
+    half = best["half"]
+    p99, p999 = half["latency_ms"]["p99"], half["latency_ms"]["p99.9"]
+    throughput = {"goal": f">= {GOAL_SCALED_RECORDS_PER_S:,} records/s at acks=all from our client (best batch.size)",
+                  "value": best["records_per_s"], "met": best["records_per_s"] >= GOAL_SCALED_RECORDS_PER_S,
+                  "shown": f"{best['records_per_s']:,.0f} at batch.size {best['batch_bytes']:,} "
+                           f"({best['pipe_fraction']:.1%} of the raw 3-copy limit; {GOAL_SCALED_PIPE_FRACTION:.0%} asked)",
+                  "issue": 19}  # fmt: skip
+    latency = {"goal": f"p99 <= {GOAL_SCALED_P99_MS:g} ms at half that rate",
+               "value": p99, "met": p99 <= GOAL_SCALED_P99_MS, "issue": 19,
+               "shown": f"{p99:.2f} ms (p99.9 {p999:.2f}) at {half['records_per_s']:,.0f}/s"}  # fmt: skip
+    if best["records_per_s"] < GOAL_SCALED_RECORDS_PER_S:
+        latency["note"] = "at half of the best rate reached, not of the goal's"
+    return [throughput, latency]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.commit", description=__doc__.split("\n")[0]
@@ -397,6 +462,21 @@ def main(argv: list[str] | None = None) -> int:
         settle(cluster)
         half = pool.measure(acks="all", rate=full["records_per_s"] / 2,
                             **job(cluster, client_config=IDEMPOTENT))  # fmt: skip
+        settle(cluster)
+        sweep = {BATCH_BYTES: (full, half)}
+        for size in BATCH_SIZES:
+            if size in sweep:
+                continue
+            config = IDEMPOTENT | {"batch.size": str(size)}
+            at_full = pool.measure(acks="all", **job(cluster, client_config=config))
+            settle(cluster)
+            at_half = pool.measure(acks="all", rate=at_full["records_per_s"] / 2,
+                                   **job(cluster, client_config=config))  # fmt: skip
+            settle(cluster)
+            sweep[size] = (at_full, at_half)
+        floor_config = IDEMPOTENT | {"batch.size": str(FLOOR_BATCH_BYTES)}
+        floor = pool.measure(acks="all", rate=FLOOR_BATCHES_PER_S * batch_records_for(RECORD_VALUE_BYTES, FLOOR_BATCH_BYTES),
+                             **job(cluster, client_config=floor_config))  # fmt: skip
         settle(cluster)
         acks1 = pool.measure(acks=1, **job(cluster))
         isr_after = {p: list(cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)}
@@ -498,7 +578,31 @@ def main(argv: list[str] | None = None) -> int:
                        "shown": f"{idempotent_ratio:.1%} ({idempotence[1]['records_per_s']:,.0f} vs {idempotence[0]['records_per_s']:,.0f}/s)"}  # fmt: skip
     print_goals("Goals (issue 14)", [idempotent_goal])
     goals.append(idempotent_goal)
-    for run in runs:
+    batch_sizes = batch_size_rows(sweep, raw)
+    split = cost_split(batch_sizes)
+    floor_latency = floor["latency_ms"]
+    print_table(
+        "Batch size: our client's acks=all at full speed and at half that rate, per batch.size",
+        ["batch.size", "records/batch", "records/s", "vs raw", "p99 ms", "broker CPU µs/record",
+         "half rate", "p50 ms", "p99 ms", "p99.9 ms"],
+        [(f"{r['batch_bytes']:,}", f"{r['batch_records']:,}", f"{r['records_per_s']:,.0f}", f"{r['pipe_fraction']:.1%}",
+          f"{r['latency_ms']['p99']:.2f}", f"{r['broker_cpu_us_per_record'] or 0:.2f}", f"{r['half']['records_per_s']:,.0f}",
+          f"{r['half']['latency_ms']['p50']:.2f}", f"{r['half']['latency_ms']['p99']:.2f}",
+          f"{r['half']['latency_ms']['p99.9']:.2f}") for r in batch_sizes],
+        note=("The 65,536 row is the acks=all and half-rate runs above; the others ran after them, each "
+              "full speed then half of it. "
+              + (f"The brokers' CPU per record fits {split['per_record_us']:.2f} µs per record + "
+                 f"{split['per_batch_us']:,.0f} µs per batch (three brokers together): what a bigger batch saves "
+                 "is the second. " if split else "")
+              + f"Floor: {FLOOR_BATCH_BYTES:,}-byte batches at {FLOOR_BATCHES_PER_S} batches/s "
+                f"({floor['records_per_s']:,.0f} records/s) took p50 {floor_latency['p50']:.2f}, p99 {floor_latency['p99']:.2f}, "
+                f"p99.9 {floor_latency['p99.9']:.2f} ms: the commit's latency with nothing else to do. "
+              f"Errors: {sum(r['errors'] for r in batch_sizes) + floor['errors']}."),
+    )  # fmt: skip
+    scaled = scaled_goals(batch_sizes)
+    print_goals("Goals (issue 19)", scaled, note=scaled[1].get("note"))
+    goals += scaled
+    for run in [*runs, floor, *(r for pair in sweep.values() for r in pair)]:
         for worker in run["workers"]:
             worker.pop("histogram", None)
     path = write_results("commit", {
@@ -508,7 +612,9 @@ def main(argv: list[str] | None = None) -> int:
                    "tcp_leaders": tcp_leaders, "elapsed_s": elapsed, "load_average_before": load_before},
         "raw_three_copy": raw, "runs": runs, "transports": transports, "idempotence": idempotence,
         "routes": {"unix": unix_routes, "tcp": tcp_routes}, "goals": goals, "isr_after": isr_after,
-        "tcp_isr_after": tcp_isr_after,
+        "tcp_isr_after": tcp_isr_after, "batch_sizes": batch_sizes, "cost_split": split,
+        "floor": {"batch_bytes": FLOOR_BATCH_BYTES, "batches_per_s": FLOOR_BATCHES_PER_S,
+                  "records_per_s": floor["records_per_s"], "latency_ms": floor_latency, "errors": floor["errors"]},
         "warm_up": [{k: w[k] for k in ("records", "records_per_s", "errors")} for w in warm_up],
     }, to_stdout=args.json)  # fmt: skip
     png = plot(runs, path.with_suffix(".png"),

@@ -138,7 +138,8 @@ def peers_of(docs: dict) -> list[dict]:
 
 
 def suite_goals(docs: dict) -> list[dict]:
-    """Issue 8's goals, measured from this run's documents."""
+    """Issue 8's goals, then issue 19's commit-path ones and the others' goals, from this run's
+    documents."""
     goals = []
     best = max(headline_cells(docs), key=lambda c: c["records_per_s"], default=None)
     ours = best["records_per_s"] if best else None
@@ -156,6 +157,9 @@ def suite_goals(docs: dict) -> list[dict]:
                   "shown": "-" if e2e is None else f"{ms(e2e_p99)} ms (p50 {ms(e2e['e2e_latency_ms']['p50'])}) at "
                            f"{e2e['records_per_s']:,.0f}/s",
                   "met": None if e2e_p99 is None else e2e_p99 <= GOAL_E2E_P99_MS})  # fmt: skip
+    for g in docs.get("commit", {}).get("goals", []):
+        if g.get("issue") == 19:
+            goals.append({**g, "goal": "commit path: " + g["goal"]})
     for g in docs.get("failover", {}).get("goals", []):
         goals.append({**g, "goal": "failover: " + g["goal"]})
     for peer in peers_of(docs):
@@ -310,6 +314,30 @@ def section_idempotence(docs: dict) -> list[str]:
     out.append("Our client at full speed, acks=all RF 3, on the same brokers and topic; each side two runs, in "
                "the order with, without, without, with; goal (issue 14): the idempotent figure >= 95% of the other.\n")  # fmt: skip
     return out
+
+
+def section_batch_sizes(docs: dict) -> list[str]:
+    """bench.commit's batch.size sweep (issue 19): records/s, CPU per record and latency at half rate."""
+    commit = docs.get("commit", {})
+    rows = commit.get("batch_sizes")
+    if not rows:
+        return []
+    out = [table(["batch.size", "records/batch", "records/s", "vs raw 3-copy", "p99 ms", "broker CPU µs/record",
+                  "half rate", "p50 ms", "p99 ms", "p99.9 ms"],
+                 [[num(r["batch_bytes"]), num(r["batch_records"]), num(r["records_per_s"]), pct(r["pipe_fraction"]),
+                   ms(r["latency_ms"]["p99"]), num(r["broker_cpu_us_per_record"], 2), num(r["half"]["records_per_s"]),
+                   ms(r["half"]["latency_ms"]["p50"]), ms(r["half"]["latency_ms"]["p99"]),
+                   ms(r["half"]["latency_ms"]["p99.9"])] for r in rows]), ""]  # fmt: skip
+    text = "Our client, acks=all RF 3, each batch.size at full speed and then at half that rate. "
+    split = commit.get("cost_split")
+    if split:
+        text += (f"The brokers' CPU per record fits {split['per_record_us']:.2f} µs per record + "
+                 f"{num(split['per_batch_us'])} µs per batch (three brokers together). ")  # fmt: skip
+    floor = commit.get("floor")
+    if floor:
+        text += (f"Floor: {num(floor['batch_bytes'])}-byte batches at {floor['batches_per_s']} batches/s took p50 "
+                 f"{ms(floor['latency_ms']['p50'])}, p99 {ms(floor['latency_ms']['p99'])} ms.")  # fmt: skip
+    return [*out, text + "\n"]
 
 
 def section_failover_clients(fo: dict) -> list[str]:
@@ -523,6 +551,12 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
     if idempotence:
         md.append("## Idempotent producer: acks=all with and without (bench.commit)\n")
         md += idempotence
+    batch_sizes = section_batch_sizes(docs)
+    if batch_sizes:
+        md.append(
+            "## Batch size: records/s, cost per record and latency (bench.commit, issue 19)\n"
+        )
+        md += batch_sizes
 
     md.append("## Produce matrix\n")
     cfg = docs.get("matrix", {}).get("config", {})

@@ -161,8 +161,9 @@ def produce_command(topic, num_records, record_size, throughput, acks, config, c
                     replication_factor, cluster_dir, as_json):  # fmt: skip
     """Produce N records of B bytes and report records/s, MB/s and per-record latency.
 
-    Runs the benchmarks' load engine (our client: prebuilt batches of about 64 KiB). Latency
-    is from when a record's batch was due (at full speed: sent) to its acknowledgement.
+    Runs the benchmarks' load engine (our client: prebuilt batches of about 64 KiB, or of
+    --producer-config batch.size=BYTES). Latency is from when a record's batch was due (at full
+    speed: sent) to its acknowledgement.
     """
     _check_config(client, acks, config)
     result = _run(f"produce {topic}", num_records, lambda progress: produce(

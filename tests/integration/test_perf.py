@@ -62,6 +62,13 @@ def test_produce_own_client(cli):
     assert r["client_cpu_cores"] >= 0 and r["client_bound"] in (True, False)  # 10 ms CPU ticks
 
 
+def test_produce_own_client_batches_of_its_batch_size(cli):
+    r = perf_json(cli, "produce", "--topic", "p-own", "--num-records", "600", "--record-size", "100",
+                  "--producer-config", "batch.size=16384")  # fmt: skip
+    assert r["ok"] is True and r["records_acked"] == 600 and r["errors"] == 0
+    assert r["batch_records"] == batch_records_for(100, 16384) == 148  # not the 595 of 64 KiB
+
+
 def test_produce_confluent_acks_1_existing_topic(cli):
     r = perf_json(cli, "produce", "--topic", "p-own", "--num-records", "2000", "--record-size", "512",
                   "--client", "confluent", "--acks", "1", "--producer-config", "linger.ms=1")  # fmt: skip
