@@ -303,9 +303,10 @@ async def _run_own(job: Job, ready, report) -> dict:
     def done(future, due: float, count: int) -> None:
         now = time.monotonic()
         room.release()
-        if future.cancelled() or future.exception() is not None:
+        error = "cancelled" if future.cancelled() else future.exception()
+        if error is not None:
             state["errors"] += count
-            state["first_error"] = state["first_error"] or repr(future.exception())
+            state["first_error"] = state["first_error"] or repr(error)
             return
         state["acked"] += count
         state["last"] = now
