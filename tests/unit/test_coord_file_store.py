@@ -7,9 +7,12 @@ and checks the mutation is entirely there or entirely absent.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import struct
 import time
+import zlib
 
 import pytest
 
@@ -18,7 +21,7 @@ from localcluster.coord import file_store
 from localcluster.coord.file_store import FileStore, StoreCorruptError, Znode
 from localcluster.coord.file_watch import ChangeFeed, WatchTable
 
-STEPS = ("rename", "unlink", "rmdir", "pwrite", "write")
+STEPS = ("rename", "unlink", "rmdir", "pwrite", "write", "ftruncate")
 
 
 def test_znode_roundtrip_and_corruption_detected():
@@ -157,7 +160,7 @@ def test_crash_at_every_step_of_a_mutation_is_all_or_nothing(tmp_path):
 def _journal_left_behind(store_dir: str) -> bytes | None:
     with open(os.path.join(store_dir, "journal"), "rb") as journal:
         raw = journal.read()
-    return raw if raw[:4] == b"JRN1" else None
+    return raw if raw[:4] in (b"JRN1", b"JRN2") else None
 
 
 def test_journal_replay_is_idempotent_and_cuts_a_torn_changelog_line(tmp_path):
@@ -189,6 +192,73 @@ def test_journal_replay_is_idempotent_and_cuts_a_torn_changelog_line(tmp_path):
     assert [zxid for zxid, _ in entries] == [1, 2], (
         "one line per zxid, the torn one cut, the repeat skipped"
     )
+
+
+def test_a_set_rewrites_the_znode_file_in_place_and_a_torn_rewrite_is_replayed(tmp_path):
+    store_dir = str(tmp_path / "store")
+    _seed(store_dir)
+    store = FileStore(store_dir)
+    inode = os.stat(store.znode_file("/t")).st_ino
+    with store.exclusive():
+        mutation = operations.Mutation(store)
+        operations.set_data(mutation, "/t", b"a longer value", -1)
+        mutation.commit()
+    assert os.stat(store.znode_file("/t")).st_ino == inode  # the same file, not a new one renamed in
+    assert os.listdir(store.path("tmp")) == []  # nothing staged for an existing znode
+    # A writer killed after its journal record, inside the rewrite: /t's file holds the start
+    # of the new bytes over the old ones. The next lock holder replays the record first.
+    with store.exclusive():
+        mutation = operations.Mutation(store)
+        operations.set_data(mutation, "/t", b"2", -1)
+        journal = _journal_pending_record(store, mutation)
+    with open(store.path("journal"), "r+b") as pending:
+        pending.write(journal)
+    (write,) = store.journal_pending()["writes"]
+    assert write[0] == "tree/t/%znode"
+    with open(store.znode_file("/t"), "r+b") as torn:  # written over, not yet cut to length
+        torn.write(store.journal_pending()["data"])
+    with open(store.znode_file("/t"), "rb") as torn, pytest.raises(StoreCorruptError):
+        Znode.decode(torn.read(), "/t")
+    store.close()
+    reader = FileStore(store_dir)
+    with reader.shared():
+        node = reader.read_znode("/t")
+        assert node.data == b"2" and node.version == 2
+        assert reader.journal_pending() is None
+    reader.close()
+
+
+def _journal_pending_record(store: FileStore, mutation) -> bytes:
+    """The journal record mutation's commit writes, taken before anything is applied."""
+    real_apply = store._apply
+    store._apply = lambda journal: None
+    try:
+        mutation.commit()
+    finally:
+        store._apply = real_apply
+    with open(store.path("journal"), "rb") as record:
+        return record.read()
+
+
+def test_a_journal_record_of_the_earlier_format_is_still_replayed(tmp_path):
+    store_dir = str(tmp_path / "store")
+    _seed(store_dir)
+    store = FileStore(store_dir)
+    with store.exclusive():
+        node = store.read_znode("/t")
+    node.data, node.version, node.mzxid = b"old format", 1, 2
+    staged = "tmp/replayed"
+    with open(store.path(staged), "wb") as f:
+        f.write(node.encode())
+    payload = json.dumps({"zxid": 2, "puts": [["tree/t/%znode", staged]], "deletes": [],
+                          "changes": [["changed", "/t"]]}).encode()  # fmt: skip
+    with open(store.path("journal"), "r+b") as pending:
+        pending.write(struct.pack("<4sII", b"JRN1", len(payload), zlib.crc32(payload)) + payload)
+    store.close()
+    reader = FileStore(store_dir)
+    with reader.shared():
+        assert reader.read_znode("/t").data == b"old format" and reader.read_zxid() == 2
+    reader.close()
 
 
 def test_a_torn_journal_record_means_nothing_was_applied(tmp_path):
