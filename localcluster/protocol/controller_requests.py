@@ -29,6 +29,7 @@ ControlledShutdown (7): broker_id int32
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from localcluster.metadata_types import EndPoint
@@ -100,30 +101,23 @@ class PartitionErrors:
     partitions: tuple[tuple[str, int, int], ...]  # (topic, partition, error code)
 
 
-def _int32s(r: Reader) -> tuple[int, ...]:
-    return tuple(r.int32() for _ in range(r.array_length()))
-
-
-def _write_int32s(w: Writer, values) -> None:
-    w.int32(len(values))
-    for v in values:
-        w.int32(v)
+_STATE_NUMBERS = struct.Struct(">iiii")  # partition, controller epoch, leader, leader epoch
 
 
 def _write_partition_state(w: Writer, p: PartitionState) -> None:
     """The fields LeaderAndIsr and UpdateMetadata share, in their order."""
-    w.string(p.topic).int32(p.partition).int32(p.controller_epoch).int32(p.leader)
-    w.int32(p.leader_epoch)
-    _write_int32s(w, p.isr)
-    w.int32(p.zk_version)
-    _write_int32s(w, p.replicas)
+    w.string(p.topic).fields(
+        _STATE_NUMBERS, p.partition, p.controller_epoch, p.leader, p.leader_epoch
+    )
+    w.int32_array(p.isr).int32(p.zk_version).int32_array(p.replicas)
 
 
 def _read_partition_state(r: Reader) -> tuple:
     """(topic, partition, controller epoch, leader, leader epoch, isr, zk version, replicas)."""
-    topic, partition, controller_epoch = r.string(), r.int32(), r.int32()
-    leader, leader_epoch, isr = r.int32(), r.int32(), _int32s(r)
-    return topic, partition, controller_epoch, leader, leader_epoch, isr, r.int32(), _int32s(r)
+    topic = r.string()
+    partition, controller_epoch, leader, leader_epoch = r.fields(_STATE_NUMBERS)
+    isr = r.int32_array()
+    return topic, partition, controller_epoch, leader, leader_epoch, isr, r.int32(), r.int32_array()
 
 
 def write_leader_and_isr(request: LeaderAndIsrRequest) -> bytes:
@@ -176,7 +170,7 @@ def write_update_metadata(request: UpdateMetadataRequest) -> bytes:
     w.int32(len(request.partitions))
     for p, offline in zip(request.partitions, request.offline_replicas, strict=True):
         _write_partition_state(w, p)
-        _write_int32s(w, offline)
+        w.int32_array(offline)
     w.int32(len(request.brokers))
     for b in request.brokers:
         w.int32(b.broker_id).int32(len(b.endpoints))
@@ -195,7 +189,7 @@ def read_update_metadata(r: Reader) -> UpdateMetadataRequest:
     partitions, offline = [], []
     for _ in range(r.array_length()):
         partitions.append(PartitionState(*_read_partition_state(r)))
-        offline.append(_int32s(r))
+        offline.append(r.int32_array())
     brokers = tuple(_read_metadata_broker(r) for _ in range(r.array_length()))
     return UpdateMetadataRequest(
         controller_id, controller_epoch, tuple(partitions), tuple(offline), brokers, update_type

@@ -14,7 +14,8 @@ from localcluster.protocol.wire import MAX_ARRAY_LENGTH, MalformedRequestError, 
 FAST = settings(max_examples=300, deadline=None)
 
 READS = ["int8", "int16", "int32", "int64", "uvarint", "string", "nullable_string",
-         "compact_nullable_string", "nullable_bytes", "array_length", "skip_tagged_fields"]  # fmt: skip
+         "compact_nullable_string", "nullable_bytes", "array_length", "int32_array",
+         "skip_tagged_fields"]  # fmt: skip
 
 
 @pytest.mark.parametrize("method, size", [("int8", 1), ("int16", 2), ("int32", 4), ("int64", 8)])
@@ -68,6 +69,14 @@ def test_array_lengths_must_fit_the_frame():
     assert Reader(struct.pack(">i", -1)).array_length() == 0  # a null array reads as empty
 
 
+def test_an_int32_array_must_fit_the_frame_whole():
+    # 3 elements pass array_length's one-byte-each check, but need 12 bytes
+    with pytest.raises(MalformedRequestError, match="array of 3 int32 at 4 runs past the frame"):
+        Reader(struct.pack(">i", 3) + b"\x00" * 5).int32_array()
+    assert Reader(struct.pack(">3i", 2, -1, 7)).int32_array() == (-1, 7)
+    assert Reader(struct.pack(">i", -1)).int32_array() == ()
+
+
 def test_uvarints_longer_than_five_bytes_or_cut_short_are_malformed():
     with pytest.raises(MalformedRequestError, match="longer than 5"):
         Reader(b"\x80" * 6 + b"\x01").uvarint()
@@ -108,6 +117,9 @@ values = st.one_of(
     st.tuples(st.just("uvarint"), st.integers(0, 2**32 - 1)),
     st.tuples(st.just("string"), st.text(max_size=40)),
     st.tuples(st.just("nullable_string"), st.none() | st.text(max_size=40)),
+    st.tuples(
+        st.just("int32_array"), st.lists(st.integers(-(2**31), 2**31 - 1), max_size=8).map(tuple)
+    ),
 )
 
 
