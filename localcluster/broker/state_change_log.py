@@ -15,6 +15,7 @@ broker server does); the sentence also goes to the broker's ordinary log. `local
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -50,28 +51,46 @@ def close_file() -> None:
 
 def event_name(change) -> str:
     """Leading -> "leading", IsrChanged -> "isr_changed"."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(change).__name__).lower()
+    return _event_name(type(change))
+
+
+@functools.cache
+def _event_name(kind: type) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower()
+
+
+@functools.cache
+def _field_names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
 
 
 def fields(change) -> dict:
     """The change's fields as JSON values; a topic partition as topic and partition."""
     out = {}
-    for f in dataclasses.fields(change):
-        value = getattr(change, f.name)
-        if f.name == "tp":
+    for name in _field_names(type(change)):
+        value = getattr(change, name)
+        if name == "tp":
             out["topic"], out["partition"] = value
         elif dataclasses.is_dataclass(value):
-            out[f.name] = dataclasses.asdict(value)
+            out[name] = dataclasses.asdict(value)
         else:
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else value
     return out
 
 
 def write_event(event: str, values: dict, message: str) -> None:
-    if _json_log.handlers:
-        record = {"time_ms": int(time.time() * 1000), "broker": _broker_id, "event": event,
-                  **values, "message": message}  # fmt: skip
-        _json_log.info("%s", json.dumps(record, separators=(", ", ": ")))
+    write_events([(event, values, message)])
+
+
+def write_events(events: list[tuple[str, dict, str]]) -> None:
+    """(event, fields, message) of each, one JSON line each, in one write: a LeaderAndIsr of
+    thousands of partitions cost a logging record per line, a quarter of its handling."""
+    if not (events and _json_log.handlers):
+        return
+    time_ms = int(time.time() * 1000)
+    lines = [json.dumps({"time_ms": time_ms, "broker": _broker_id, "event": event, **values, "message": message},
+                        separators=(", ", ": ")) for event, values, message in events]  # fmt: skip
+    _json_log.info("%s", "\n".join(lines))
 
 
 def log_state_change(change) -> None:
@@ -86,8 +105,9 @@ def log_state_changes(changes, source: str) -> None:
     SUMMARIZED_OVER of them at INFO, else one line per kind of change (how many, and the first
     as an example) with each one at DEBUG; a warning always gets its own line."""
     described = [(change, *describe(change)) for change in changes]
-    for change, _, message in described:
-        write_event(event_name(change), fields(change), message)
+    write_events(
+        [(event_name(change), fields(change), message) for change, _, message in described]
+    )
     quiet = [(change, message) for change, level, message in described if level <= logging.INFO]
     for _, level, message in described:
         if level > logging.INFO or len(quiet) <= SUMMARIZED_OVER:

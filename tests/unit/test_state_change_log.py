@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -62,12 +63,20 @@ def test_every_state_change_type_has_a_name_and_json_fields():
     assert scl.event_name(r.LeaderAndIsrRejected(1, 2)) == "leader_and_isr_rejected"
 
 
-def test_many_changes_of_one_request_are_one_line_per_kind_in_the_brokers_log(log_path, caplog):
+def test_many_changes_of_one_request_are_one_line_per_kind_in_the_brokers_log(
+    log_path, caplog, monkeypatch
+):
     leading = [r.Leading(("t", p), 1, (1, 2), 0, 0, 0) for p in range(scl.SUMMARIZED_OVER)]
     ignored = [r.PartitionStateIgnored(("u", p), 0, 0) for p in range(3)]
     rejected = r.LeaderAndIsrRejected(4, 5)  # a warning: always a line of its own
+    handler = next(h for h in scl._json_log.handlers if isinstance(h, logging.FileHandler))
+    written = []
+    monkeypatch.setattr(
+        handler, "emit", lambda record, emit=handler.emit: (written.append(record), emit(record))
+    )
     with caplog.at_level("DEBUG", logger=scl.log.name):
         scl.log_state_changes([*leading, *ignored, rejected], "LeaderAndIsr of controller 1")
+    assert len(written) == 1, "a request's JSON lines go to the file in one write"
     records = [rec for rec in caplog.records if rec.name == scl.log.name]  # not the JSON lines
     info = [rec.getMessage() for rec in records if rec.levelname == "INFO"]
     assert info == [
