@@ -308,7 +308,13 @@ class FileStore:
             else:
                 puts.append([relative, self._stage(raw)])
         deletes.sort(key=lambda p: -p.count("/"))  # children before parents
-        journal = {"zxid": lines[-1][0], "puts": puts, "writes": writes, "deletes": deletes, "lines": lines}
+        journal = {
+            "zxid": lines[-1][0],
+            "puts": puts,
+            "writes": writes,
+            "deletes": deletes,
+            "lines": lines,
+        }
         text = json.dumps(journal, separators=(",", ":")).encode()
         payload = b"".join([_JSON_LENGTH.pack(len(text)), text, *data])
         header = _JOURNAL_HEADER.pack(_JOURNAL_MAGIC_WITH_DATA, len(payload), zlib.crc32(payload))
