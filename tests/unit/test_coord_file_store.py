@@ -203,9 +203,8 @@ def test_a_set_rewrites_the_znode_file_in_place_and_a_torn_rewrite_is_replayed(t
         mutation = operations.Mutation(store)
         operations.set_data(mutation, "/t", b"a longer value", -1)
         mutation.commit()
-    assert (
-        os.stat(store.znode_file("/t")).st_ino == inode
-    )  # the same file, not a new one renamed in
+    # the same file, not a new one renamed in
+    assert os.stat(store.znode_file("/t")).st_ino == inode
     assert os.listdir(store.path("tmp")) == []  # nothing staged for an existing znode
     # A writer killed after its journal record, inside the rewrite: /t's file holds the start
     # of the new bytes over the old ones. The next lock holder replays the record first.
