@@ -36,6 +36,7 @@ from localcluster.protocol.fetch import (
 from localcluster.protocol.incremental_fetch import FetchSessionHandler
 from localcluster.protocol.wire import Reader
 from localcluster.replication.ready import (
+    EpochAnswer,
     EpochRequestPlan,
     FetchedPartition,
     FetchRequestPlan,
@@ -161,8 +162,8 @@ class ReplicaFetcher:
             fetched = await self._fetch(request)
             return lambda: core.on_fetch_response(request, fetched, now_ms())
         if isinstance(request, EpochRequestPlan):
-            error, epoch, end = await self._ask_epoch_end(request)
-            return lambda: core.on_epoch_response(request, error, epoch, end, now_ms())
+            answers = await self._ask_epoch_ends(request)
+            return lambda: core.on_epoch_response(request, answers, now_ms())
         assert isinstance(request, ListOffsetsPlan)
         error, offset = await self._leader_offset(request)
         return lambda: core.on_list_offsets_response(request, error, offset, now_ms())
@@ -196,20 +197,24 @@ class ReplicaFetcher:
                                  p.log_start_offset, p.records[0] if p.records else b"")
                 for topic, partitions in responses for p in partitions]  # fmt: skip
 
-    async def _ask_epoch_end(self, request: EpochRequestPlan) -> tuple[int, int, int]:
-        tp = request.tp
+    async def _ask_epoch_ends(self, request: EpochRequestPlan) -> list[EpochAnswer]:
+        """One OffsetForLeaderEpoch for every partition asked, grouped by topic."""
+        topics: dict[str, list[dict]] = {}
+        for ask in request.partitions:
+            topics.setdefault(ask.tp[0], []).append({
+                "partition": ask.tp[1], "current_leader_epoch": ask.current_leader_epoch,
+                "leader_epoch": ask.leader_epoch})  # fmt: skip
         body = messages.encode_request(ApiKey.OFFSET_FOR_LEADER_EPOCH, OFFSET_FOR_LEADER_EPOCH_VERSION, {
             "replica_id": self.manager.broker_id,
-            "topics": [{"topic": tp[0], "partitions": [{
-                "partition": tp[1], "current_leader_epoch": request.current_leader_epoch,
-                "leader_epoch": request.leader_epoch}]}],
+            "topics": [{"topic": topic, "partitions": partitions} for topic, partitions in topics.items()],
         })  # fmt: skip
         frame, offset = await self.connection.send(ApiKey.OFFSET_FOR_LEADER_EPOCH, lambda v: body,
                                                    version=OFFSET_FOR_LEADER_EPOCH_VERSION)  # fmt: skip
         response = messages.decode_response(ApiKey.OFFSET_FOR_LEADER_EPOCH,
                                             OFFSET_FOR_LEADER_EPOCH_VERSION, frame, offset)  # fmt: skip
-        p = response.topics[0].partitions[0]
-        return int(p.error_code), int(p.leader_epoch), int(p.end_offset)
+        return [EpochAnswer((topic.topic, int(p.partition)), int(p.error_code), int(p.leader_epoch),
+                            int(p.end_offset))
+                for topic in response.topics for p in topic.partitions]  # fmt: skip
 
     async def _leader_offset(self, request: ListOffsetsPlan) -> tuple[int, int]:
         tp = request.tp

@@ -36,7 +36,9 @@ from localcluster.replication.ready import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     AppendFailed,
+    EpochAnswer,
     EpochAnswered,
+    EpochAsk,
     EpochRequestPlan,
     FetchedPartition,
     FetcherRequest,
@@ -177,16 +179,24 @@ class FetchSessions:
         session = self.sessions.get(leader_id)
         if session is None or session.inflight is not None:
             return
+        asks, asking = [], {}
         for tp, state in session.partitions.items():
-            if state.backoff_until_ms > now_ms:
-                continue
-            request = None
-            if state.truncating:
-                request = self._truncation_request(session, tp, state, ready)
-            elif state.list_offsets is not None:
-                request = ListOffsetsPlan(leader_id, tp, state.list_offsets)
-            if request is not None:
-                self._send(session, request, {tp: state}, ready)
+            if state.truncating and state.backoff_until_ms <= now_ms:
+                ask = self._truncation_ask(session, tp, state, ready)
+                if ask is not None:
+                    asks.append(ask)
+                    asking[tp] = state
+        if asks:
+            self._send(session, EpochRequestPlan(leader_id, tuple(asks)), asking, ready)
+            return
+        for tp, state in session.partitions.items():
+            if (
+                not state.truncating
+                and state.list_offsets is not None
+                and state.backoff_until_ms <= now_ms
+            ):
+                self._send(session, ListOffsetsPlan(leader_id, tp, state.list_offsets), {tp: state},
+                           ready)  # fmt: skip
                 return
         fetching = {tp: s for tp, s in session.partitions.items()
                     if not s.truncating and s.list_offsets is None
@@ -201,7 +211,7 @@ class FetchSessions:
         wait_ms = long_poll_ms(session.partitions.values(), now_ms, self.fetch_wait_max_ms)
         self._send(session, FetchRequestPlan(leader_id, tuple(plans), wait_ms), fetching, ready)
 
-    def _truncation_request(self, session, tp, state, ready) -> EpochRequestPlan | None:
+    def _truncation_ask(self, session, tp, state, ready) -> EpochAsk | None:
         hosted = self.partitions[tp]
         if state.ask_epoch is None:
             state.ask_epoch = first_epoch_to_ask(hosted.log.latest_epoch)
@@ -211,7 +221,7 @@ class FetchSessions:
                                   ready)  # fmt: skip
                 self._truncated(session, tp, state, ready)
                 return None
-        return EpochRequestPlan(session.leader_id, tp, state.leader_epoch, state.ask_epoch)
+        return EpochAsk(tp, state.leader_epoch, state.ask_epoch)
 
     def _truncated(self, session, tp, state, ready) -> None:
         state.truncating = False
@@ -254,32 +264,42 @@ class FetchSessions:
             else self.fetch_backoff_ms
         )
 
-    def on_epoch_response(self, request: EpochRequestPlan, error: int, leader_epoch: int,
-                          end_offset: int, now_ms: int, ready: Ready) -> None:  # fmt: skip
+    def on_epoch_response(self, request: EpochRequestPlan, answers: Iterable[EpochAnswer],
+                          now_ms: int, ready: Ready) -> None:  # fmt: skip
         inflight = self._take(request, ready)
-        state = inflight.states[request.tp] if inflight else None
-        if state is None or not self._following(request.tp, state):
+        if inflight is None:
             return
-        tp = request.tp
-        if error != errors.NONE:
+        asked = {ask.tp: ask for ask in request.partitions}
+        for answer in answers:
+            ask, state = asked.get(answer.tp), inflight.states.get(answer.tp)
+            if ask is None or state is None or not self._following(answer.tp, state):
+                continue
+            self._on_epoch_answer(request.leader_id, ask, answer, state, now_ms, ready)
+        # A partition the leader did not answer stays truncating: asked again next poll.
+
+    def _on_epoch_answer(self, leader_id: int, ask: EpochAsk, answer: EpochAnswer,
+                         state: PartitionFetchState, now_ms: int, ready: Ready) -> None:  # fmt: skip
+        tp = ask.tp
+        if answer.error != errors.NONE:
             state.ask_epoch = None  # start over from our latest epoch
-            self._backoff(state, now_ms, self._error_backoff_ms(error))
+            self._backoff(state, now_ms, self._error_backoff_ms(answer.error))
             ready.state_changes.append(
-                LeaderError(tp, request.leader_id, "OffsetForLeaderEpoch", error)
+                LeaderError(tp, leader_id, "OffsetForLeaderEpoch", answer.error)
             )
             return
         hosted = self.partitions[tp]
         p = hosted.state
-        decision = leader_epoch_truncation(leader_epoch, end_offset, hosted.log.end_offset_for_epoch,
-                                           p.log_end_offset, p.high_watermark)  # fmt: skip
+        decision = leader_epoch_truncation(answer.leader_epoch, answer.end_offset,
+                                           hosted.log.end_offset_for_epoch, p.log_end_offset,
+                                           p.high_watermark)  # fmt: skip
         ready.state_changes.append(EpochAnswered(
-            tp, request.leader_id, request.leader_epoch, leader_epoch, end_offset,
+            tp, leader_id, ask.leader_epoch, answer.leader_epoch, answer.end_offset,
             decision.offset, None if decision.done else decision.next_epoch))  # fmt: skip
         truncate_follower(hosted, decision.offset, ready)
         # The bound of the KIP-279 rounds: each asks about an older epoch than the last (the
         # leader answers an epoch <= the one asked). One that would not ends them at the cut.
-        if decision.done or decision.next_epoch >= request.leader_epoch:
-            self._truncated(self.sessions[request.leader_id], tp, state, ready)
+        if decision.done or decision.next_epoch >= ask.leader_epoch:
+            self._truncated(self.sessions[leader_id], tp, state, ready)
         else:
             state.ask_epoch = decision.next_epoch
 

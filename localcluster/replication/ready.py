@@ -112,13 +112,32 @@ class FetchRequestPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class EpochRequestPlan:
-    """OffsetForLeaderEpoch: where does `leader_epoch` end in the leader's log?"""
+class EpochAsk:
+    """Where does `leader_epoch` end in the leader's log of `tp`?"""
 
-    leader_id: int
     tp: TopicPartition
     current_leader_epoch: int
     leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochRequestPlan:
+    """OffsetForLeaderEpoch(replica_id) of every partition of the session being truncated:
+    one request for all of them, as Kafka's fetcher asks (a broker that follows a new leader
+    in 2,000 partitions after a failover asks once, not 2,000 times one after the other)."""
+
+    leader_id: int
+    partitions: tuple[EpochAsk, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochAnswer:
+    """One partition of an OffsetForLeaderEpoch answer, as a follower got it."""
+
+    tp: TopicPartition
+    error: int
+    leader_epoch: int = -1
+    end_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -539,10 +539,9 @@ class ReplicaCore:
         self.fetch_sessions.poll(leader_id, now_ms, self._out())
         return self._take()
 
-    def on_epoch_response(self, request, error: int, leader_epoch: int, end_offset: int,
-                          now_ms: int) -> Ready:  # fmt: skip
-        self.fetch_sessions.on_epoch_response(request, error, leader_epoch, end_offset, now_ms,
-                                              self._out())  # fmt: skip
+    def on_epoch_response(self, request, answers, now_ms: int) -> Ready:
+        """`answers`: an EpochAnswer per partition the leader answered."""
+        self.fetch_sessions.on_epoch_response(request, answers, now_ms, self._out())
         return self._take()
 
     def on_fetch_response(self, request, fetched, now_ms: int) -> Ready:

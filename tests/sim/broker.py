@@ -207,8 +207,7 @@ class SimBroker(ReplicaHost):
         if isinstance(plan, r.FetchRequestPlan):
             make = lambda corr: m.Fetch(corr, me, plan.partitions, plan.max_wait_ms)  # noqa: E731
         elif isinstance(plan, r.EpochRequestPlan):
-            make = lambda corr: m.OffsetForLeaderEpoch(corr, me, plan.tp,  # noqa: E731
-                                                       plan.current_leader_epoch, plan.leader_epoch)  # fmt: skip
+            make = lambda corr: m.OffsetForLeaderEpoch(corr, me, plan.partitions)  # noqa: E731
         else:
             make = lambda corr: m.ListOffsets(corr, me, plan.tp, plan.timestamp)  # noqa: E731
         self._request(plan.leader_id, "fetcher", plan, make)
@@ -256,9 +255,7 @@ class SimBroker(ReplicaHost):
         elif isinstance(msg, m.FetchResponse):
             self.execute(core.on_fetch_response(plan, msg.partitions, now))
         elif isinstance(msg, m.OffsetForLeaderEpochResponse):
-            self.execute(
-                core.on_epoch_response(plan, msg.error, msg.leader_epoch, msg.end_offset, now)
-            )
+            self.execute(core.on_epoch_response(plan, msg.partitions, now))
         elif isinstance(msg, m.ListOffsetsResponse):
             self.execute(core.on_list_offsets_response(plan, msg.error, msg.offset, now))
         else:
@@ -308,9 +305,10 @@ class SimBroker(ReplicaHost):
         self.send(src, m.FetchResponse(request.corr, out))
 
     def handle_offset_for_leader_epoch(self, src, msg: m.OffsetForLeaderEpoch) -> None:
-        error, epoch, end = self.core.end_offset_for_epoch(msg.tp, msg.current_leader_epoch,
-                                                           msg.leader_epoch)  # fmt: skip
-        self.send(src, m.OffsetForLeaderEpochResponse(msg.corr, msg.tp, error, epoch, end))
+        answers = tuple(r.EpochAnswer(ask.tp, *self.core.end_offset_for_epoch(ask.tp, ask.current_leader_epoch,
+                                                                              ask.leader_epoch))
+                        for ask in msg.partitions)  # fmt: skip
+        self.send(src, m.OffsetForLeaderEpochResponse(msg.corr, answers))
 
     def handle_list_offsets(self, src, msg: m.ListOffsets) -> None:
         error, _, offset = self.core.list_offset(msg.tp, msg.timestamp, consumer=False)

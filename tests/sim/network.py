@@ -60,20 +60,17 @@ class FetchResponse:
 
 @dataclass(frozen=True, slots=True)
 class OffsetForLeaderEpoch:
+    """A follower's question about every partition it is truncating from this leader."""
+
     corr: int
     replica_id: int
-    tp: tuple[str, int]
-    current_leader_epoch: int
-    leader_epoch: int
+    partitions: tuple  # replication.ready.EpochAsk
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetForLeaderEpochResponse:
     corr: int
-    tp: tuple[str, int]
-    error: int
-    leader_epoch: int
-    end_offset: int
+    partitions: tuple  # replication.ready.EpochAnswer
 
 
 @dataclass(frozen=True, slots=True)

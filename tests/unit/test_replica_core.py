@@ -71,7 +71,8 @@ def describe(x) -> str:
                          for p in x.partitions)  # fmt: skip
         return f"Fetch to {x.leader_id}: {parts} wait {x.max_wait_ms}"
     if isinstance(x, r.EpochRequestPlan):
-        return f"OffsetForLeaderEpoch to {x.leader_id}: epoch {x.leader_epoch}"
+        asks = ", ".join(f"{a.tp[0]}-{a.tp[1]} epoch {a.leader_epoch}" for a in x.partitions)
+        return f"OffsetForLeaderEpoch to {x.leader_id}: {asks}"
     if isinstance(x, r.ListOffsetsPlan):
         return f"ListOffsets to {x.leader_id}: {'latest' if x.timestamp == -1 else 'earliest'}"
     if isinstance(x, r.IsrProposed):
@@ -231,17 +232,47 @@ def test_become_follower_asks_the_leader_where_its_epoch_ends_then_fetches():
         wake fetches
         poll [2]
         response NONE [t-0 NONE]""")
-    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: epoch 2"
+    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: t-0 epoch 2"
     asked = rt.requests[-1]
     assert rt.poll(2) == ""  # one request in flight per session
     # The leader's epoch 2 ended at 5: offsets 5 and 6 are ours alone.
-    assert rt.step(rt.core.on_epoch_response(asked, errors.NONE, 2, 5, now_ms=1)) == expect("""
+    assert rt.step(
+        rt.core.on_epoch_response(asked, [r.EpochAnswer(TP, errors.NONE, 2, 5)], now_ms=1)
+    ) == expect("""
         log TruncateTo offset=5
         state EpochAnswered leader=2 asked_epoch=2 leader_epoch=2 end_offset=5 cut_at=5 next_epoch=None
         state Truncated offset=5 previous_end_offset=7 log_end_offset=5
         state TruncationDone leader=2 log_end_offset=5
         poll [2]""")
     assert rt.poll(2, now_ms=1) == "send Fetch to 2: t-0@5:e3 wait 500"
+
+
+def test_every_partition_truncating_from_one_leader_is_asked_in_one_request():
+    # After a failover a broker follows a new leader in thousands of partitions: one
+    # OffsetForLeaderEpoch for all of them, as Kafka's fetcher asks, not one after the other.
+    rt = Runtime()
+    parts = [("t", p) for p in range(3)]
+    for tp in parts:
+        rt.open(tp, log=MemoryLog(epochs=[(1, 3), (2, 4)]), checkpointed_hw=2)
+    rt.leader_and_isr(*(State(2, 3, (2, 1), partition=p) for _, p in parts))
+    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: t-0 epoch 2, t-1 epoch 2, t-2 epoch 2"
+    asked = rt.requests[-1]
+    # t-0 answered, t-1 refused, t-2 left out of the answer: each goes its own way.
+    assert rt.step(rt.core.on_epoch_response(asked, [
+        r.EpochAnswer(("t", 0), errors.NONE, 2, 5),
+        r.EpochAnswer(("t", 1), errors.NOT_LEADER_OR_FOLLOWER)], now_ms=1)) == expect("""
+        log TruncateTo offset=5
+        state EpochAnswered leader=2 asked_epoch=2 leader_epoch=2 end_offset=5 cut_at=5 next_epoch=None
+        state Truncated offset=5 previous_end_offset=7 log_end_offset=5
+        state TruncationDone leader=2 log_end_offset=5
+        state LeaderError leader=2 request=OffsetForLeaderEpoch error=6
+        poll [2]""")  # fmt: skip
+    assert rt.poll(2, now_ms=1) == "send OffsetForLeaderEpoch to 2: t-2 epoch 2"  # t-1 backs off
+    rt.step(
+        rt.core.on_epoch_response(rt.requests[-1], [r.EpochAnswer(("t", 2), errors.NONE, 2, 7)], 2)
+    )
+    # t-1 still backs off (until 51): the long poll ends when it may ask again
+    assert rt.poll(2, now_ms=2) == "send Fetch to 2: t-0@5:e3 t-2@7:e3 wait 49"
 
 
 def test_a_leader_that_has_not_taken_our_epoch_yet_is_asked_again_soon():
@@ -252,16 +283,24 @@ def test_a_leader_that_has_not_taken_our_epoch_yet_is_asked_again_soon():
     rt = Runtime(fetch_backoff_ms=50)
     rt.open(log=MemoryLog(epochs=[(1, 3), (2, 4)]), checkpointed_hw=2)
     rt.leader_and_isr(State(2, 3, (2, 1)))
-    assert rt.poll(2, 100) == "send OffsetForLeaderEpoch to 2: epoch 2"
-    rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.UNKNOWN_LEADER_EPOCH, -1, -1, 100))
+    assert rt.poll(2, 100) == "send OffsetForLeaderEpoch to 2: t-0 epoch 2"
+    rt.step(
+        rt.core.on_epoch_response(
+            rt.requests[-1], [r.EpochAnswer(TP, errors.UNKNOWN_LEADER_EPOCH, -1, -1)], 100
+        )
+    )
     assert rt.poll(2, 104) == ""
     assert rt.core.fetch_session_wakeup_ms(2, 104) == 100 + LEADER_BEHIND_BACKOFF_MS
-    assert rt.poll(2, 105) == "send OffsetForLeaderEpoch to 2: epoch 2"
-    rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NOT_LEADER_OR_FOLLOWER, -1, -1, 105))
+    assert rt.poll(2, 105) == "send OffsetForLeaderEpoch to 2: t-0 epoch 2"
+    rt.step(
+        rt.core.on_epoch_response(
+            rt.requests[-1], [r.EpochAnswer(TP, errors.NOT_LEADER_OR_FOLLOWER, -1, -1)], 105
+        )
+    )
     assert rt.core.fetch_session_wakeup_ms(2, 106) == 155
-    assert rt.poll(2, 155) == "send OffsetForLeaderEpoch to 2: epoch 2"
+    assert rt.poll(2, 155) == "send OffsetForLeaderEpoch to 2: t-0 epoch 2"
     asked = rt.requests[-1]
-    rt.step(rt.core.on_epoch_response(asked, errors.NONE, 2, 5, 155))
+    rt.step(rt.core.on_epoch_response(asked, [r.EpochAnswer(TP, errors.NONE, 2, 5)], 155))
     rt.poll(2, 155)
     fetched = [r.FetchedPartition(TP, errors.UNKNOWN_LEADER_EPOCH)]
     rt.step(rt.core.on_fetch_response(rt.requests[-1], fetched, 160))
@@ -285,17 +324,19 @@ def test_kip279_a_leader_epoch_the_follower_never_had_takes_two_rounds():
     rt = Runtime()
     rt.open(log=MemoryLog(epochs=[(1, 2), (3, 3)]))  # epochs 1 (0-1) and 3 (2-4)
     rt.leader_and_isr(State(2, 5, (2, 1)))
-    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: epoch 3"
+    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: t-0 epoch 3"
     # Asked about 3, the leader answers epoch 2 (it never had 3), ending at 4.
-    assert rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 2, 4, 0)) == expect("""
+    assert rt.step(
+        rt.core.on_epoch_response(rt.requests[-1], [r.EpochAnswer(TP, errors.NONE, 2, 4)], 0)
+    ) == expect("""
         log TruncateTo offset=2
         state EpochAnswered leader=2 asked_epoch=3 leader_epoch=2 end_offset=4 cut_at=2 next_epoch=1
         state Truncated offset=2 previous_end_offset=5 log_end_offset=2
         poll [2]""")
-    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: epoch 1"
-    assert rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 1, 2, 0)).endswith(
-        "state TruncationDone leader=2 log_end_offset=2\npoll [2]"
-    )
+    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: t-0 epoch 1"
+    assert rt.step(
+        rt.core.on_epoch_response(rt.requests[-1], [r.EpochAnswer(TP, errors.NONE, 1, 2)], 0)
+    ).endswith("state TruncationDone leader=2 log_end_offset=2\npoll [2]")
 
 
 def test_a_follower_with_no_epoch_history_cuts_to_its_hw_without_asking():
@@ -572,7 +613,7 @@ def test_the_protocol_decides_whether_a_new_follower_asks_or_cuts(protocol):
     rt.leader_and_isr(State(2, 2, (2, 1)))
     rt.poll(2)
     first = describe(rt.requests[-1])
-    assert first == ("OffsetForLeaderEpoch to 2: epoch 1" if protocol == "leader-epoch"
+    assert first == ("OffsetForLeaderEpoch to 2: t-0 epoch 1" if protocol == "leader-epoch"
                      else "Fetch to 2: t-0@1:e2 wait 500")  # fmt: skip
 
 
@@ -590,9 +631,11 @@ def test_truncation_rounds_end_when_a_leader_answers_above_the_epoch_asked():
     rt.open(log=MemoryLog(epochs=[(1, 2), (3, 3)]))
     rt.leader_and_isr(State(2, 5, (2, 1)))
     rt.poll(2)  # asks about epoch 3; the leader has 2 there: cut at 2, ask about 1
-    rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 2, 4, 0))
-    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: epoch 1"
+    rt.step(rt.core.on_epoch_response(rt.requests[-1], [r.EpochAnswer(TP, errors.NONE, 2, 4)], 0))
+    assert rt.poll(2) == "send OffsetForLeaderEpoch to 2: t-0 epoch 1"
     # Asked about 1, it answers 2 again: asking about 1 once more would never end.
-    answered = rt.step(rt.core.on_epoch_response(rt.requests[-1], errors.NONE, 2, 4, 0))
+    answered = rt.step(
+        rt.core.on_epoch_response(rt.requests[-1], [r.EpochAnswer(TP, errors.NONE, 2, 4)], 0)
+    )
     assert answered.endswith("state TruncationDone leader=2 log_end_offset=2\npoll [2]")
     assert rt.poll(2) == "send Fetch to 2: t-0@2:e5 wait 500"
