@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable
 
 from localcluster.broker.state_change_log import FILE_NAME as STATE_CHANGE_LOG
-from localcluster.broker.state_change_log import SUMMARIZED_OVER, write_event
+from localcluster.broker.state_change_log import SUMMARIZED_OVER, write_events
 from localcluster.controller import actions as act
 from localcluster.controller import events as ev
 from localcluster.controller.channel import ControllerChannelManager
@@ -234,11 +234,8 @@ class KafkaController:
         log gets each line, unless more than SUMMARIZED_OVER are routine (a clean election, an
         ISR shrink: a failover of 10,000 partitions makes thousands): those get one line per
         kind, with the first as an example, and each one at DEBUG."""
-        for note in notes:
-            if note.event is not None:
-                write_event(
-                    note.event[0], note.event[1], f"controller {self.broker_id}: {note.line}"
-                )
+        write_events([(note.event[0], note.event[1], f"controller {self.broker_id}: {note.line}")
+                      for note in notes if note.event is not None])  # fmt: skip
         routine = [note for note in notes if _routine(note)]
         summarized = len(routine) > SUMMARIZED_OVER
         kinds: dict[str, list[act.Note]] = {}
