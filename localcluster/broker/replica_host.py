@@ -166,8 +166,8 @@ class ReplicaHost:
     def on_log_action(self, action) -> None:
         """Before a log action runs."""
 
-    def on_state_change(self, change) -> None:
-        pass
+    def on_state_changes(self, changes: list) -> None:
+        """A step's state changes, in order (the broker logs many of them together)."""
 
     def write_isr(self, update: IsrUpdate) -> None:
         """Start the conditional write; report it with core.on_isr_write_result/unknown."""
@@ -204,8 +204,8 @@ class ReplicaHost:
                          if failure else
                          self.core.on_follower_appended(append.tp, append.leader_high_watermark,
                                                         append.leader_log_start_offset))  # fmt: skip
-        for change in ready.state_changes:
-            self.on_state_change(change)
+        if ready.state_changes:
+            self.on_state_changes(ready.state_changes)
         for update in ready.isr_writes:
             self.write_isr(update)
         for key, error in ready.produce_answers:

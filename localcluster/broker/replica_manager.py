@@ -165,13 +165,16 @@ class ReplicaManager(ReplicaHost):
 
     # -- the Ready's hooks (replica_host.py carries out the rest) ------------------------------
 
-    def on_state_change(self, change) -> None:
+    def on_state_changes(self, changes: list) -> None:
         if self._request_changes is not None:  # logged with the request's others
-            self._request_changes.append(change)
-        else:
-            log_state_change(change)
-        if isinstance(change, r.IsrChanged):
-            self.metrics.record_isr_change(shrink=len(change.isr) < len(change.previous_isr))
+            self._request_changes.extend(changes)
+        elif len(changes) == 1:
+            log_state_change(changes[0])
+        else:  # e.g. a follower's 2,000 truncations answered by one OffsetForLeaderEpoch
+            log_state_changes(changes, "one replication step")
+        for change in changes:
+            if isinstance(change, r.IsrChanged):
+                self.metrics.record_isr_change(shrink=len(change.isr) < len(change.previous_isr))
 
     def answer_produce(self, future, error: int) -> None:
         if not future.done():

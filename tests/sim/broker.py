@@ -167,10 +167,11 @@ class SimBroker(ReplicaHost):
         if isinstance(action, (r.TruncateTo, r.TruncateFullyAndStartAt)):
             truncated(self.logs[action.tp])
 
-    def on_state_change(self, change) -> None:
-        if isinstance(change, r.Leading):
-            self.observer.on_leader(self.broker_id, change.tp, change.leader_epoch)
-        self.trace(f"b{self.broker_id} {describe(change)[1]}")
+    def on_state_changes(self, changes: list) -> None:
+        for change in changes:
+            if isinstance(change, r.Leading):
+                self.observer.on_leader(self.broker_id, change.tp, change.leader_epoch)
+            self.trace(f"b{self.broker_id} {describe(change)[1]}")
 
     def write_isr(self, update, step: str = ISR_WRITE) -> None:
         message = m.IsrWrite if step == ISR_WRITE else m.IsrReadBack

@@ -102,3 +102,21 @@ def test_a_few_changes_of_one_request_are_logged_one_by_one(log_path, caplog):
     assert [rec.getMessage() for rec in caplog.records if rec.name == scl.log.name] == [
         f"leading t-{p} in epoch 1, ISR [1], offsets [0, 0), HW 0" for p in range(len(changes))
     ]
+
+
+def test_a_replication_steps_many_changes_are_one_line_in_the_brokers_log(log_path, caplog):
+    # A follower's truncations answered by one OffsetForLeaderEpoch: 2,000 changes of one step
+    from types import SimpleNamespace
+
+    from localcluster.broker.replica_manager import ReplicaManager
+
+    manager = SimpleNamespace(_request_changes=None)
+    done = [r.TruncationDone(("t", p), 4, 0) for p in range(2000)]
+    with caplog.at_level("INFO", logger=scl.log.name):
+        ReplicaManager.on_state_changes(manager, done)
+    info = [rec.getMessage() for rec in caplog.records if rec.name == scl.log.name]
+    assert info == [
+        "one replication step: 2,000 partition(s) truncation done, e.g. t-0: truncation against "
+        f"leader 4 done, fetching from 0; each one is in {scl.FILE_NAME}"
+    ]
+    assert len(log_path.read_text().splitlines()) == 2000
