@@ -413,17 +413,17 @@ class KafkaPython:
             with kafka_python_log() as lines:
                 try:
                     got = self._poll_until(consumer, count)
+                    for attempt in range(3):
+                        try:
+                            consumer.commit()
+                            break
+                        except RebalanceInProgressError:
+                            if attempt == 2:
+                                raise
+                            got = self._poll_until(consumer, count)
                 except AssertionError as e:  # say what the member held and what it logged
                     raise AssertionError(f"{e}; assigned {sorted(consumer.assignment())}; "
                                          "kafka-python logged: " + " | ".join(lines[-12:])) from None  # fmt: skip
-            for attempt in range(3):
-                try:
-                    consumer.commit()
-                    break
-                except RebalanceInProgressError:
-                    if attempt == 2:
-                        raise
-                    got = self._poll_until(consumer, count)
             return [r.value for r in got]
         finally:
             consumer.close()
