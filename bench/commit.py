@@ -77,6 +77,7 @@ from bench.broker import (
 from bench.common import MB, print_goals, print_note, print_table, write_results
 from bench.load import BATCH_BYTES, LoadPool, batch_records_for
 from bench.plots import percentile_spectrum
+from localcluster.client import Admin
 
 MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
@@ -432,9 +433,15 @@ def main(argv: list[str] | None = None) -> int:
                         cpu_of={f"broker {b.broker_id}": b.pid for b in on.brokers.values()}, **extra)  # fmt: skip
 
         def settle(on: Cluster) -> None:
+            """The high watermarks stopped moving; then the records so far are deleted
+            (DeleteRecords to the HW): 15 s runs write 1.5 GB a replica each on /dev/shm, and
+            a full run's dozen of them filled memory (the brokers then answered storage errors
+            until the batches expired)."""
             settled_end_offsets(
                 bootstrap=on.bootstrap, topic=TOPIC, partitions=args.partitions, timeout_s=120
             )
+            with Admin(bootstrap_servers=on.bootstrap) as admin:
+                admin.delete_records({(TOPIC, p): -1 for p in range(args.partitions)})
 
         # acks=1 last: its followers end seconds behind, and a run after it would measure
         # their catching up; every run starts once the high watermarks stopped moving. The
