@@ -422,8 +422,17 @@ class KafkaPython:
                                 raise
                             got = self._poll_until(consumer, count)
                 except AssertionError as e:  # say what the member held and what it logged
-                    raise AssertionError(f"{e}; assigned {sorted(consumer.assignment())}; "
-                                         "kafka-python logged: " + " | ".join(lines[-12:])) from None  # fmt: skip
+                    # on the first line: the table keeps only that (pytest's rewritten
+                    # assert puts its comparison on the next lines)
+                    first = (str(e).splitlines() or [""])[0]
+                    assigned = sorted(consumer.assignment())
+                    print(
+                        f"kafka-python group cell: {first}; assigned {assigned}; its last log lines:",
+                        *lines[-40:],
+                        sep="\n  ",
+                    )  # the captured output shows them whole
+                    raise AssertionError(f"{first}; assigned {assigned}; kafka-python logged: "
+                                         + " | ".join(lines[-12:])) from None  # fmt: skip
             return [r.value for r in got]
         finally:
             consumer.close()
