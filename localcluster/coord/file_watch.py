@@ -77,15 +77,22 @@ class ChangeFeed:
 
 
 class WatchTable:
-    """Registered one-shot watches: path -> {callback: zxid its read saw}."""
+    """Registered one-shot watches: path -> {callback: the zxids its registrations' reads saw}.
+
+    A callback may hold two registrations of one path: one whose change this client has not
+    read from the changelog yet, and one made after that change (a get, the znode deleted, an
+    exists). ZooKeeper's server fired the first at the change, so the second stands on its own:
+    the change fires the first only, and the next change the second. Kept as one zxid (the
+    older), the second was spent with the first and its event never came."""
 
     def __init__(self):
-        self.data: dict[str, dict[WatchCallback, int]] = {}
-        self.child: dict[str, dict[WatchCallback, int]] = {}
+        self.data: dict[str, dict[WatchCallback, list[int]]] = {}
+        self.child: dict[str, dict[WatchCallback, list[int]]] = {}
 
     def add(self, table: dict, path: str, callback: WatchCallback, zxid: int) -> None:
-        watchers = table.setdefault(path, {})
-        watchers[callback] = min(zxid, watchers.get(callback, zxid))
+        seen = table.setdefault(path, {}).setdefault(callback, [])
+        if zxid not in seen:
+            seen.append(zxid)
 
     def match(self, zxid: int, changes: list) -> list[tuple[WatchCallback, WatchedEvent]]:
         fired = []
@@ -100,12 +107,20 @@ class WatchTable:
         return fired
 
     def _fire(self, table: dict, path: str, zxid: int, kind: EventType) -> list:
+        """Each callback with a registration older than `zxid` gets one event; its
+        registrations that saw `zxid` or later stay."""
         watchers = table.get(path)
         if not watchers:
             return []
-        due = [callback for callback, seen in watchers.items() if zxid > seen]
-        for callback in due:
-            del watchers[callback]
+        due = []
+        for callback, seen in list(watchers.items()):
+            later = [z for z in seen if z >= zxid]
+            if len(later) < len(seen):
+                due.append(callback)
+                if later:
+                    watchers[callback] = later
+                else:
+                    del watchers[callback]
         if not watchers:
             del table[path]
         return [(callback, WatchedEvent(kind, "CONNECTED", path)) for callback in due]
@@ -117,18 +132,22 @@ class WatchTable:
         shared store lock."""
         fired, everything = [], 1 << 62
         for path in list(self.data):
-            node, oldest = store.read_znode(path), min(self.data[path].values())
+            node, oldest = store.read_znode(path), _oldest(self.data[path])
             if node is None:
                 fired += self._fire(self.data, path, everything, EventType.DELETED)
             elif max(node.czxid, node.mzxid) > oldest:
                 kind = EventType.CREATED if node.czxid > oldest else EventType.CHANGED
                 fired += self._fire(self.data, path, everything, kind)
         for path in list(self.child):
-            node, oldest = store.read_znode(path), min(self.child[path].values())
+            node, oldest = store.read_znode(path), _oldest(self.child[path])
             if node is None or node.pzxid > oldest:
                 kind = EventType.DELETED if node is None else EventType.CHILD
                 fired += self._fire(self.child, path, everything, kind)
         return fired
+
+
+def _oldest(watchers: dict[WatchCallback, list[int]]) -> int:
+    return min(min(seen) for seen in watchers.values())
 
 
 class Wakeup:

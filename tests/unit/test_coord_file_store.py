@@ -322,6 +322,20 @@ def test_changelog_rotation_and_a_reader_that_missed_a_whole_file(tmp_path, monk
     store.close()
 
 
+def test_a_watch_registered_after_a_change_not_yet_read_waits_for_the_next_one():
+    # get /b (zxid 4), delete /b (zxid 5, not yet read from the changelog), exists /b (zxid 5),
+    # create /b (zxid 6): ZooKeeper fires DELETED to the get's watch and CREATED to the
+    # exists' one, the same callback both times (coord differential seed 3263538190).
+    table = WatchTable()
+    table.add(table.data, "/b", "watch-b", 4)
+    table.add(table.data, "/b", "watch-b", 5)
+    fired = [(c, e.type.value) for c, e in table.match(5, [["deleted", "/b"]])]
+    assert fired == [("watch-b", "DELETED")], "one event for the older registration"
+    fired = [(c, e.type.value) for c, e in table.match(6, [["created", "/b"]])]
+    assert fired == [("watch-b", "CREATED")], "the newer registration fires at the next change"
+    assert table.match(7, [["changed", "/b"]]) == [], "then both are spent"
+
+
 def test_watch_table_matches_zookeeper_event_rules():
     table = WatchTable()
     table.add(table.data, "/a", "data-a", 5)
