@@ -8,7 +8,8 @@ The watch table turns changelog lines into ZooKeeper events: a data watch (from 
 fires on the znode's create, set or delete; a child watch (from get_children) on a child's
 create or delete and on the znode's own delete. Watches are one-shot, one per (path, callback).
 A watch remembers the zxid its read saw, and only lines with a larger zxid fire it, so a change
-between the read and the registration is never lost and never delivered twice.
+between the read and the registration is never lost and never delivered twice (a callback may
+hold registrations of one path from reads on either side of a change: WatchTable).
 """
 
 from __future__ import annotations
