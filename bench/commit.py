@@ -334,7 +334,7 @@ def batch_size_rows(sweep: dict[int, tuple[dict, dict]], raw: dict) -> list[dict
     """One row per batch.size: the full-speed run and the half-rate run after it."""
     rows = []
     for size, (at_full, at_half) in sorted(sweep.items()):
-        rows.append({"batch_bytes": size, "batch_records": batch_records_for(RECORD_VALUE_BYTES, size),
+        rows.append({"batch_bytes": size, "batch_records": at_full["batch_records"],
                      "records_per_s": at_full["records_per_s"],
                      "pipe_fraction": at_full["records_per_s"] / raw["records_per_s"],
                      "latency_ms": at_full["latency_ms"], "broker_cpu_us_per_record": broker_cpu_us_per_record(at_full),
