@@ -11,7 +11,15 @@ from pathlib import Path
 import click
 
 from localcluster import cluster
-from localcluster.cli.options import cluster_spec, dir_option, friendly, json_option, print_json
+from localcluster.cli.options import (
+    cluster_spec,
+    dir_option,
+    drop_stdout,
+    echo_while_read,
+    friendly,
+    json_option,
+    print_json,
+)
 from localcluster.cluster import ClusterError
 
 
@@ -113,7 +121,7 @@ def up(count, racks, settings, data_dir, detach, zookeeper, port_base, listener_
         else:
             cluster_view.ready(state, controller, detached=True)
         return
-    supervisor = Supervisor(directory, spec, emit=lambda line: click.echo(line))
+    supervisor = Supervisor(directory, spec, emit=echo_while_read)
     supervisor.install_signals()
     try:
         supervisor.start()
@@ -121,14 +129,19 @@ def up(count, racks, settings, data_dir, detach, zookeeper, port_base, listener_
     except BaseException:
         supervisor.shutdown(10.0)
         raise
-    cluster_view.ready(cluster.status(directory, spec), controller, detached=False)
+    try:
+        cluster_view.ready(cluster.status(directory, spec), controller, detached=False)
+    except BrokenPipeError:
+        drop_stdout()  # the reader left already: on without output, as echo_while_read
     try:
         supervisor.run()
     finally:
-        click.echo("stopping the cluster ...")
+        echo_while_read("stopping the cluster ...")
         result = supervisor.shutdown()
     killed = result["killed"]
-    click.echo("cluster stopped" + (f" (SIGKILLed after the deadline: {killed})" if killed else ""))
+    echo_while_read(
+        "cluster stopped" + (f" (SIGKILLed after the deadline: {killed})" if killed else "")
+    )
 
 
 @click.command()

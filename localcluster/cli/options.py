@@ -67,6 +67,26 @@ def assignments(example: str):
     return parse
 
 
+def echo_while_read(line: str) -> None:
+    """click.echo for a command that must go on when nobody reads its output any more.
+
+    `localcluster up | tee up.log` and Ctrl-C: the signal stops tee too, and the supervisor's
+    next line ("stopping the cluster ...") would raise BrokenPipeError before it stopped a
+    single broker. From the first broken pipe on, stdout goes to /dev/null instead (the
+    buffered rest with it) and the command carries on."""
+    try:
+        click.echo(line)
+    except BrokenPipeError:
+        drop_stdout()
+
+
+def drop_stdout() -> None:
+    """Send the rest of stdout (buffered or to come) to /dev/null: its reader is gone."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def print_json(value) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 

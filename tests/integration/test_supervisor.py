@@ -88,6 +88,33 @@ def test_foreground_reports_events_and_ctrl_c_stops_the_cluster(tmp_path):
         cli.teardown()
 
 
+def test_sigterm_stops_the_cluster_after_the_reader_of_its_output_is_gone(tmp_path):
+    """`localcluster up | tee up.log` and Ctrl-C: the signal stops tee as well, and the
+    supervisor's "stopping the cluster" line met a broken pipe before it stopped a broker."""
+    cli = Cli(tmp_path / "cluster")
+    up = subprocess.Popen([sys.executable, "-m", "localcluster", "up", "-n", "2", "--dir", str(cli.cluster_dir)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        seen = b""
+        while b"streaming events" not in seen:  # bounded by the supervisor's own ready timeout
+            line = up.stdout.readline()
+            assert line, f"up ended before it was ready: {seen!r} {up.stderr.read()!r}"
+            seen += line
+        pids = cli.live_pids()
+        assert sorted(pids) == [0, 1]
+        up.stdout.close()  # the reader is gone
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0, up.stderr.read()
+        assert cli.live_pids() == {}
+        assert all(cluster.process_state(p) in (None, "Z") for p in pids.values())
+        assert not (cli.cluster_dir / cluster.SUPERVISOR_PID).exists()
+    finally:
+        if up.poll() is None:
+            up.kill()
+        up.wait()
+        cli.teardown()
+
+
 def test_brokers_outlive_a_sigkilled_supervisor_and_down_stops_them(tmp_path):
     cli = Cli(tmp_path / "cluster")
     try:
