@@ -1,8 +1,9 @@
 """One connection to one broker: framing, correlation ids, pipelining, version negotiation.
 
-`BrokerConnection` owns an asyncio stream to a Unix socket path or a TCP host:port. Requests
-are written as they come (up to `max_in_flight` unanswered at once) and a reader task matches
-each response to the oldest outstanding request, as Kafka answers in request order on a
+`BrokerConnection` owns a transport to a Unix socket path or a TCP host:port, read by
+client/frames.py's protocol. Requests are written as they come (up to `max_in_flight`
+unanswered at once) and each response frame is matched, as it arrives, to the oldest
+outstanding request, as Kafka answers in request order on a
 connection. The first request is ApiVersions; every later request goes out at the highest
 version both the broker and our protocol modules speak (`SUPPORTED` in protocol/api.py).
 
@@ -32,6 +33,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from localcluster.client.frames import FrameError, FrameProtocol
 from localcluster.protocol import messages
 from localcluster.protocol.api import (
     SUPPORTED,
@@ -203,21 +205,22 @@ class _Pending:
 class BrokerConnection:
     """One open connection; `send` is safe to call from many tasks at once."""
 
-    def __init__(self, address: Address, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 client_id: str, max_in_flight: int, request_timeout_ms: int):  # fmt: skip
+    def __init__(self, address: Address, protocol: FrameProtocol, client_id: str,
+                 max_in_flight: int, request_timeout_ms: int):  # fmt: skip
         assert max_in_flight >= 1
         self.address = address
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.versions: dict[int, int] = {}
-        self._reader = reader
-        self._writer = writer
+        self._protocol = protocol
+        self._transport = protocol.transport
         self._correlation = itertools.count(1)
         self._pending: collections.deque[_Pending] = collections.deque()
         self._slots = asyncio.Semaphore(max_in_flight)
         self._max_in_flight = max_in_flight
         self._closed: KafkaError | None = None
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        protocol.on_frame = self._dispatch
+        protocol.on_lost = self._lost
 
     @classmethod
     async def open(cls, address: Address, *, client_id: str = DEFAULT_CLIENT_ID,
@@ -226,15 +229,20 @@ class BrokerConnection:
                    security: ClientSecurity = PLAINTEXT_SECURITY) -> BrokerConnection:  # fmt: skip
         """Connect, negotiate API versions and, on a SASL listener, authenticate; raises
         KafkaConnectionError if unreachable, KafkaError(SASL_AUTHENTICATION_FAILED) if refused."""
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> FrameProtocol:
+            return FrameProtocol(MAX_RESPONSE_BYTES)
+
         try:
             if address.unix_socket:
-                opening = asyncio.open_unix_connection(address.unix_socket, limit=1 << 20)
+                opening = loop.create_unix_connection(protocol, address.unix_socket)
             else:
-                opening = asyncio.open_connection(address.host, address.port, limit=1 << 20)
-            reader, writer = await asyncio.wait_for(opening, connect_timeout_ms / 1000)
+                opening = loop.create_connection(protocol, address.host, address.port)
+            _transport, frames = await asyncio.wait_for(opening, connect_timeout_ms / 1000)
         except (OSError, TimeoutError) as e:
             raise KafkaConnectionError(f"cannot connect to broker at {address}: {e}") from e
-        connection = cls(address, reader, writer, client_id, max_in_flight, request_timeout_ms)
+        connection = cls(address, frames, client_id, max_in_flight, request_timeout_ms)
         try:
             await connection._negotiate_versions()
             if security.uses_sasl and not address.unix_socket:
@@ -346,7 +354,9 @@ class BrokerConnection:
             )
             body = encode(version)
             try:
-                self._writer.write(_SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body)
+                self._transport.write(
+                    _SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body
+                )
             except (RuntimeError, OSError) as e:  # uvloop: "the handler is closed"
                 self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
                 raise self._closed from e
@@ -377,38 +387,30 @@ class BrokerConnection:
 
     async def _drain(self) -> None:
         try:
-            await self._writer.drain()
-        except (OSError, RuntimeError) as e:
+            await self._protocol.drain()
+        except ConnectionError as e:
             self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
             raise self._closed from e
 
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                head = await self._reader.readexactly(4)
-                (size,) = _SIZE.unpack(head)
-                if size < 4 or size > MAX_RESPONSE_BYTES:
-                    raise KafkaConnectionError(
-                        f"broker at {self.address} sent a frame of {size} bytes"
-                    )
-                frame = await self._reader.readexactly(size)
-                self._dispatch(frame)
-        except asyncio.IncompleteReadError:
+    def _lost(self, error: BaseException | None) -> None:
+        """The protocol's end of the connection: the broker closed it, or it broke."""
+        if isinstance(error, KafkaError):
+            self._fail(error)
+        elif isinstance(error, FrameError):
+            self._fail(KafkaConnectionError(f"broker at {self.address} sent {error}"))
+        elif isinstance(error, ValueError):  # a response header that does not parse
+            self._fail(
+                KafkaConnectionError(f"broker at {self.address} sent a bad response: {error}")
+            )
+        elif error is not None:
+            self._fail(KafkaConnectionError(f"broker at {self.address} went away: {error}"))
+        else:
             pending = len(self._pending)
             self._fail(KafkaConnectionError(
                 f"broker at {self.address} closed the connection"
                 + (f" with {pending} request(s) unanswered" if pending else "")))  # fmt: skip
-        except (OSError, ConnectionError) as e:
-            self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
-        except KafkaError as e:
-            self._fail(e)
-        except ValueError as e:  # a response header that does not parse
-            self._fail(KafkaConnectionError(f"broker at {self.address} sent a bad response: {e}"))
-        except asyncio.CancelledError:
-            self._fail(KafkaConnectionError(f"connection to {self.address} closed"))
-            raise
 
-    def _dispatch(self, frame: bytes) -> None:
+    def _dispatch(self, frame: bytes | bytearray) -> None:
         if not self._pending:
             raise KafkaConnectionError(f"broker at {self.address} sent a response nobody asked for")
         pending = self._pending[0]  # popped only when it matches: _fail fails it otherwise
@@ -433,20 +435,14 @@ class BrokerConnection:
             if not future.done():
                 future.set_exception(error)
                 future.exception()  # retrieved here: a caller that timed out never awaits it
-        self._writer.close()
+        self._transport.close()
 
     def close(self) -> None:
         """Close now; outstanding requests fail with KafkaConnectionError."""
         self._fail(KafkaConnectionError(f"connection to {self.address} closed by the client"))
-        if not self._read_task.done():
-            self._read_task.cancel()
 
     async def wait_closed(self) -> None:
-        await asyncio.gather(self._read_task, return_exceptions=True)
-        try:
-            await self._writer.wait_closed()
-        except (OSError, ConnectionError):
-            pass
+        await self._protocol.closed
 
 
 # -- the event loop thread behind the synchronous facades ---------------------------------------
