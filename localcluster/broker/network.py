@@ -23,6 +23,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from localcluster.client.frames import widen_send_buffer
 from localcluster.protocol.wire import MalformedRequestError
 from localcluster.tasks import cancel_and_wait
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 MIN_FRAME_BYTES = 8  # api_key, api_version, correlation_id: a request header's fixed part
 SENDFILE_CHUNK_BYTES = 1 << 20  # per sendfile call; a steady-state answer (~64 KiB) is one
+SCRATCH_BYTES = 16 << 10  # a connection's receive buffer for frame sizes and small frames
 
 ANONYMOUS = "User:ANONYMOUS"
 UNIX_LISTENER = "UNIX"
@@ -70,34 +72,64 @@ class FrameError(Exception):
     """A frame with an impossible size: the stream cannot be resynchronised."""
 
 
-async def recv_exactly(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int
-) -> bytearray | None:
-    """n bytes, or None on a clean EOF before the first byte."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = await loop.sock_recv_into(sock, view[got:])
-        if k == 0:
-            if got == 0:
-                return None
-            raise ConnectionError(f"peer closed after {got} of {n} bytes of a frame")
-        got += k
-    return buf
+class FrameReader:
+    """Request frames off one connection, with as few trips through the event loop as can be.
 
+    A receive is tried on the socket first; only when it would block does the reader wait for
+    the loop (which costs a future and a reader registration each time). Small requests (a
+    follower's fetch, most client requests) come with their size in one receive into a
+    scratch buffer, pipelined ones several at a time; a large one (a produce of a 1 MB batch)
+    gets a buffer of its own that the rest of it is received into."""
 
-async def read_frame(loop, sock, max_bytes: int) -> memoryview | None:
-    head = await recv_exactly(loop, sock, 4)
-    if head is None:
-        return None
-    (size,) = _SIZE.unpack(head)
-    if size < MIN_FRAME_BYTES or size > max_bytes:
-        raise FrameError(f"frame size {size} outside [{MIN_FRAME_BYTES}, {max_bytes}]")
-    body = await recv_exactly(loop, sock, size)
-    if body is None:
-        raise ConnectionError("peer closed between a frame's size and its body")
-    return memoryview(body)
+    def __init__(self, sock: socket.socket, max_bytes: int):
+        self.sock = sock
+        self.max_bytes = max_bytes
+        self._scratch = memoryview(bytearray(SCRATCH_BYTES))
+        self._start = 0  # unread bytes are [_start, _end)
+        self._end = 0
+
+    async def read_frame(self) -> memoryview | None:
+        """The next frame's bytes after its size; None on a clean EOF between frames."""
+        while self._end - self._start < 4:
+            if not await self._fill():
+                if self._end == self._start:
+                    return None
+                raise ConnectionError(
+                    f"peer closed after {self._end - self._start} of 4 bytes of a frame"
+                )
+        (size,) = _SIZE.unpack_from(self._scratch, self._start)
+        if size < MIN_FRAME_BYTES or size > self.max_bytes:
+            raise FrameError(f"frame size {size} outside [{MIN_FRAME_BYTES}, {self.max_bytes}]")
+        body = self._start + 4
+        have = min(self._end - body, size)
+        frame = bytearray(size)
+        frame[:have] = self._scratch[body : body + have]
+        self._start = body + have
+        if self._start == self._end:
+            self._start = self._end = 0
+        view = memoryview(frame)
+        while have < size:
+            n = await self._receive(view[have:])
+            if n == 0:
+                raise ConnectionError(f"peer closed after {have} of {size} bytes of a frame")
+            have += n
+        return view
+
+    async def _fill(self) -> bool:
+        """Receive more into the scratch buffer; False on EOF."""
+        if self._end == len(self._scratch):  # a size split across the end: to the front
+            left = self._end - self._start
+            self._scratch[:left] = self._scratch[self._start : self._end]
+            self._start, self._end = 0, left
+        n = await self._receive(self._scratch[self._end :])
+        self._end += n
+        return n > 0
+
+    async def _receive(self, view: memoryview) -> int:
+        try:
+            return self.sock.recv_into(view)
+        except BlockingIOError:
+            return await asyncio.get_running_loop().sock_recv_into(self.sock, view)
 
 
 async def send_parts(loop, sock: socket.socket, parts: list) -> None:
@@ -191,10 +223,11 @@ async def serve_connection(
 ) -> None:
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
+    frames = FrameReader(sock, max_bytes)
     peer = context.peer
     try:
         while True:
-            frame = await read_frame(loop, sock, max_bytes)
+            frame = await frames.read_frame()
             if frame is None:
                 return
             parts = await _handle_while_peer_stays(loop, sock, handler(frame, context))
@@ -249,6 +282,7 @@ class Listener:
                 context = ConnectionContext(self.info, f"{address[0]}:{address[1]}",
                                             authenticated=self.info.security_protocol == "PLAINTEXT")  # fmt: skip
             else:
+                widen_send_buffer(conn)
                 context = ConnectionContext(self.info, "unix socket", principal=_local_principal(conn),
                                             authenticated=True)  # fmt: skip
             task = loop.create_task(serve_connection(conn, context, self.handler, self.max_bytes))

@@ -17,7 +17,7 @@ from localcluster.broker.network import (
     MIN_FRAME_BYTES,
     SENDFILE_CHUNK_BYTES,
     FrameError,
-    read_frame,
+    FrameReader,
     send_parts,
 )
 
@@ -40,8 +40,14 @@ def pair():
         b.close()
 
 
+_readers: dict[socket.socket, FrameReader] = {}  # one per connection, as the server has
+
+
 async def read(sock, max_bytes=1 << 20):
-    return await read_frame(asyncio.get_running_loop(), sock, max_bytes)
+    reader = _readers.get(sock)
+    if reader is None or reader.max_bytes != max_bytes:
+        reader = _readers[sock] = FrameReader(sock, max_bytes)
+    return await reader.read_frame()
 
 
 def test_a_frame_is_read_whole(pair):
@@ -97,6 +103,25 @@ def test_the_bounds_are_inclusive(pair):
     assert bytes(run(read, server, 1000)) == b"m" * MIN_FRAME_BYTES
     client.sendall(struct.pack(">i", 1000) + b"M" * 1000)
     assert bytes(run(read, server, 1000)) == b"M" * 1000
+
+
+def test_pipelined_frames_of_every_size_come_out_whole_and_in_order(pair):
+    """Small frames several to a receive, large ones (past the scratch buffer) received into
+    their own, and sizes split across the scratch buffer's end (the sizes walk every offset)."""
+    server, client = pair
+    bodies = [bytes([i % 251]) * n for i, n in enumerate(
+        [MIN_FRAME_BYTES + k for k in range(40)] + [network.SCRATCH_BYTES - 3, 3 * network.SCRATCH_BYTES + 5, 9]
+        * 3 + [MIN_FRAME_BYTES + 7 * k for k in range(300)])]  # fmt: skip
+    data = b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        sending = loop.run_in_executor(None, client.sendall, data)
+        got = [bytes(await read(server)) for _ in bodies]
+        await sending
+        return got
+
+    assert run(scenario) == bodies
 
 
 @dataclass
