@@ -52,6 +52,7 @@ from localcluster.protocol.produce import ProducePartitionResponse
 from localcluster.replication import ready as r
 from localcluster.replication.partition import FollowerFetchSession, IsrUpdate
 from localcluster.storage import LogConfig
+from localcluster.tasks import wait_woken, wake
 from localcluster.topic_config import TopicConfig, resolve_broker_defaults
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class ReplicaManager(ReplicaHost):
             config.min_incremental_fetch_session_eviction_ms,
             lambda: random.randint(1, 2**31 - 1),
             on_partitions_left=self._on_session_partitions_left)  # fmt: skip
-        self._session_wakers: dict[int, asyncio.Event] = {}  # a session's waiting fetch
+        self._session_wakers: dict[int, asyncio.Future] = {}  # a session's waiting fetch
         self.isr_writer: IsrWriter | None = None
         self.fetchers = None  # ReplicaFetcherManager, set by the server
         self.metrics = NullMetricsWriter()  # the shared-memory board's writer, set by the server
@@ -183,9 +184,7 @@ class ReplicaManager(ReplicaHost):
     def wake_fetches(self, tps) -> None:
         self.notifier.notify()
         for session in self.fetch_session_cache.on_partitions_changed(tps):
-            waker = self._session_wakers.get(session.session_id)
-            if waker is not None:
-                waker.set()
+            wake(self._session_wakers.get(session.session_id))
 
     def _on_session_partitions_left(self, session: FetchSession, tps) -> None:
         if isinstance(session.owner, FollowerFetchSession):
@@ -327,9 +326,7 @@ class ReplicaManager(ReplicaHost):
             if session.owner is None:
                 session.owner = FollowerFetchSession()
             follower_session = session.owner
-        waker = None if session is None else asyncio.Event()
-        if waker is not None:
-            self._session_wakers[session.session_id] = waker
+        waker = None  # a session's fetch, while it waits: what wake_fetches resolves
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
         first = True  # the first read records a follower's positions; re-reads do not
@@ -344,14 +341,11 @@ class ReplicaManager(ReplicaHost):
                 remaining = deadline - loop.time()
                 if read.answerable(request.min_bytes) or remaining <= 0:
                     break
-                if waker is None:
+                if session is None:
                     await self.notifier.wait(remaining)
                     continue
-                waker.clear()
-                try:
-                    await asyncio.wait_for(waker.wait(), remaining)
-                except TimeoutError:
-                    pass
+                waker = self._session_wakers[session.session_id] = loop.create_future()
+                await wait_woken(waker, remaining)
                 request = context.read()
         finally:
             if waker is not None and self._session_wakers.get(session.session_id) is waker:

@@ -226,6 +226,9 @@ class BatchIndex:
         relative = offset - self.base_offset
         if relative < 0:
             return -1
+        last = self.count - 1
+        if last >= 0 and relative >= self._offsets[last, 0]:
+            return last  # a follower or tailing consumer reads the newest batch: no search
         key = np.int32(min(relative, INT32_MAX))
         return int(self.relative_offsets.searchsorted(key, side="right")) - 1
 
