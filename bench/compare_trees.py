@@ -3,6 +3,7 @@
 ```
 .venv/bin/python -m bench.compare_trees BASE [OTHER]     # OTHER defaults to this checkout
   --rounds N --records N --partitions N --idempotence --throughput RECORDS_PER_S
+  --batch-size BYTES
 ```
 
 A change to the broker is judged against the commit before it (issue 17: "no worse than
@@ -14,7 +15,7 @@ min.insync.replicas=2, warms it up with a tenth of the records, times one load a
 the cluster (`down --purge`): no run inherits another's logs, tmpfs pages or page cache, and
 only one cluster is up at a time. (Clusters kept for the whole comparison slowed run by run as
 their logs grew, and main read 0.85 of itself.) The load is this checkout's `localcluster perf
-produce` (our client, 100-byte records, prebuilt ~64 KiB batches), in the order A B B A B A A B,
+produce` (our client, 100-byte records, prebuilt ~64 KiB batches or `--batch-size`), in the order A B B A B A A B,
 so each side takes every place in a group of four equally often; idempotence is off unless `--idempotence` (a
 tree from before the idempotent producer has no InitProducerId).
 
@@ -69,7 +70,8 @@ class TreeCluster:
         return [int((d / "broker.pid").read_text()) for d in sorted(self.directory.glob("broker-*"))
                 if (d / "broker.pid").exists()]  # fmt: skip
 
-    def produce(self, records: int, idempotence: bool, throughput: float = -1) -> dict:
+    def produce(self, records: int, idempotence: bool, throughput: float = -1,
+                batch_size: int | None = None) -> dict:  # fmt: skip
         """One timed run of this checkout's load: records/s and broker CPU µs per record."""
         pids = self.broker_pids()
         before = [cpu_seconds(p) or 0.0 for p in pids]
@@ -77,7 +79,8 @@ class TreeCluster:
         done = subprocess.run([sys.executable, "-m", "localcluster", "perf", "produce", "--topic", "t",
                                "--num-records", str(records), "--record-size", "100", "--json",
                                "--throughput", str(throughput),
-                               "--producer-config", f"enable.idempotence={str(idempotence).lower()}"],
+                               "--producer-config", f"enable.idempotence={str(idempotence).lower()}",
+                               *(("--producer-config", f"batch.size={batch_size}") if batch_size else ())],
                               env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
         cpu = sum((cpu_seconds(p) or 0.0) - b for p, b in zip(pids, before, strict=True))
         if done.returncode != 0:
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idempotence", action="store_true", help="the load is idempotent")
     parser.add_argument("--throughput", type=float, default=-1,
                         help="records/s to offer (default -1: full speed)")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="the load's batch.size in bytes (default: the load's, ~64 KiB)")  # fmt: skip
     args = parser.parse_args(argv)
     trees = {"base": args.base.resolve(), "other": args.other.resolve()}
     for name, tree in trees.items():
@@ -127,10 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             name = order[i % 8]
             cluster = TreeCluster(trees[name], Path(tmp) / f"{name}-{i}", args.partitions)
             try:
-                cluster.produce(
-                    max(args.records // 10, 1), args.idempotence, args.throughput
-                )  # warm-up
-                runs[name].append(cluster.produce(args.records, args.idempotence, args.throughput))
+                load = (args.idempotence, args.throughput, args.batch_size)
+                cluster.produce(max(args.records // 10, 1), *load)  # warm-up
+                runs[name].append(cluster.produce(args.records, *load))
             finally:
                 cluster.stop()
             print(f"{name}: {runs[name][-1]}", file=sys.stderr)
