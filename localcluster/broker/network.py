@@ -23,7 +23,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from localcluster.client.frames import widen_send_buffer
+from localcluster.client.frames import unzeroed_buffer, widen_send_buffer
 from localcluster.protocol.wire import MalformedRequestError
 from localcluster.tasks import cancel_and_wait
 
@@ -102,12 +102,11 @@ class FrameReader:
             raise FrameError(f"frame size {size} outside [{MIN_FRAME_BYTES}, {self.max_bytes}]")
         body = self._start + 4
         have = min(self._end - body, size)
-        frame = bytearray(size)
-        frame[:have] = self._scratch[body : body + have]
+        view = unzeroed_buffer(size) if size > SCRATCH_BYTES else memoryview(bytearray(size))
+        view[:have] = self._scratch[body : body + have]
         self._start = body + have
         if self._start == self._end:
             self._start = self._end = 0
-        view = memoryview(frame)
         while have < size:
             n = await self._receive(view[have:])
             if n == 0:

@@ -4,7 +4,7 @@
 into buffers it hands out (asyncio.BufferedProtocol), so bytes are copied from the kernel once:
 - small frames (most answers) land in one scratch buffer, several per receive, and each is
   cut out as its own `bytes`;
-- a frame larger than the scratch buffer gets a bytearray of its size, and the loop receives
+- a frame larger than the scratch buffer gets a buffer of its size (not zeroed first), and the loop receives
   the rest of it straight into that (a follower's fetch answer of a few MB).
 
 An asyncio StreamReader did three copies instead (into its buffer, out of it, and the shift of
@@ -37,14 +37,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def __init__(self, max_frame_bytes: int):
         self.max_frame_bytes = max_frame_bytes
         # Set by the connection before it sends its first request.
-        self.on_frame: Callable[[bytes | bytearray], None] = lambda frame: None
+        self.on_frame: Callable[[bytes | memoryview], None] = lambda frame: None
         self.on_lost: Callable[[BaseException | None], None] = lambda error: None
         self.transport: asyncio.Transport | None = None
         self._scratch = bytearray(SCRATCH_BYTES)
         self._view = memoryview(self._scratch)
         self._start = 0  # the scratch holds unread bytes in [_start, _end)
         self._end = 0
-        self._frame: bytearray | None = None  # a large frame being received into its own buffer
+        self._frame: memoryview | None = None  # a large frame being received into its own buffer
         self._filled = 0
         self._paused = False
         self._drained: asyncio.Future | None = None
@@ -61,7 +61,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._frame is not None:
-            return memoryview(self._frame)[self._filled :]
+            return self._frame[self._filled :]
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -90,7 +90,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self.on_frame(bytes(view[body : body + size]))
                 continue
             if 4 + size > len(view):  # larger than the scratch: a buffer of its own
-                self._frame = bytearray(size)
+                self._frame = unzeroed_buffer(size)
                 self._frame[:have] = view[body : self._end]
                 self._filled = have
                 self._start = self._end = 0
@@ -139,6 +139,16 @@ class FrameProtocol(asyncio.BufferedProtocol):
             await asyncio.shield(self._drained)
         if self._lost is not None:
             raise ConnectionError(str(self._lost) or type(self._lost).__name__)
+
+
+def unzeroed_buffer(size: int) -> memoryview:
+    """A writable buffer for `size` bytes about to be received, not filled with zeros first:
+    `bytearray(size)` writes every byte (and so faults in every page) before the kernel writes
+    them again; on a follower at 1 MB batches that was a third of its CPU (bench/README.md,
+    "Receiving frames"). numpy's empty array is malloc without the memset."""
+    import numpy  # here: the CLI's client does not pay its import for small answers
+
+    return memoryview(numpy.empty(size, numpy.uint8))
 
 
 def widen_send_buffer(sock: socket.socket) -> None:
