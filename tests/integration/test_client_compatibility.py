@@ -386,10 +386,24 @@ class KafkaPython:
 
     @staticmethod
     def _poll_until(consumer, count):
+        """Each poll may last until the deadline (it returns as soon as it has records): a
+        kafka-python 3.0 group member must not time out a poll between its JoinGroup and the
+        SyncGroup answer. It handles that answer only inside a poll that finds a rejoin still
+        needed, and a rejoin the leader starts for a metadata change (the first join races the
+        metadata of the new subscription, so this one is common) stops being needed once the
+        leader has assigned: a poll that gave up on the join leaves the member rebalancing,
+        without heartbeats or fetches, until something else makes it rejoin. (Java's
+        rejoinNeededOrPending also counts a pending join; kafka-python's need_rejoin does not.)
+        The 200 ms polls this had gave up so under CPU load, about one run in 20."""
         got = []
-        _deadline_loop(lambda: len(got) >= count,
-                       lambda: [got.extend(rs) for rs in consumer.poll(200).values()],
-                       f"{count} records")  # fmt: skip
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+
+        def step():
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            for records in consumer.poll(timeout_ms=left_ms).values():
+                got.extend(records)
+
+        _deadline_loop(lambda: len(got) >= count, step, f"{count} records")
         return got
 
     def group_consume(self, topic, group, count):
@@ -403,8 +417,9 @@ class KafkaPython:
             # that assigns before its metadata holds the topic ("No partition metadata for
             # topic") assigns nothing and can stay idle, so the topic's partitions are read
             # first, as an application that just created it would. The metadata update that
-            # follows the join then makes it rejoin once, and a commit during that rebalance
-            # raises REBALANCE_IN_PROGRESS; its advice, followed here: poll (the rebalance
+            # follows the join then makes it rejoin once (see _poll_until for why no poll
+            # may give up on that rejoin), and a commit during that rebalance raises
+            # REBALANCE_IN_PROGRESS; its advice, followed here: poll (the rebalance
             # completes and the member reads again from the committed offsets), commit again.
             assert consumer.partitions_for_topic(topic), (
                 f"kafka-python sees no partitions of {topic}"
