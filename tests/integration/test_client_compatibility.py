@@ -386,10 +386,24 @@ class KafkaPython:
 
     @staticmethod
     def _poll_until(consumer, count):
+        """Each poll may last until the deadline (it returns as soon as it has records): a
+        kafka-python 3.0 group member must not time out a poll between its JoinGroup and the
+        SyncGroup answer. It handles that answer only inside a poll that finds a rejoin still
+        needed, and a rejoin the leader starts for a metadata change (the first join races the
+        metadata of the new subscription, so this one is common) stops being needed once the
+        leader has assigned: a poll that gave up on the join leaves the member rebalancing,
+        without heartbeats or fetches, until something else makes it rejoin. (Java's
+        rejoinNeededOrPending also counts a pending join; kafka-python's need_rejoin does not.)
+        The 200 ms polls this had gave up so under CPU load, about one run in 20."""
         got = []
-        _deadline_loop(lambda: len(got) >= count,
-                       lambda: [got.extend(rs) for rs in consumer.poll(200).values()],
-                       f"{count} records")  # fmt: skip
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+
+        def step():
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
+            for records in consumer.poll(timeout_ms=left_ms).values():
+                got.extend(records)
+
+        _deadline_loop(lambda: len(got) >= count, step, f"{count} records")
         return got
 
     def group_consume(self, topic, group, count):
@@ -403,8 +417,9 @@ class KafkaPython:
             # that assigns before its metadata holds the topic ("No partition metadata for
             # topic") assigns nothing and can stay idle, so the topic's partitions are read
             # first, as an application that just created it would. The metadata update that
-            # follows the join then makes it rejoin once, and a commit during that rebalance
-            # raises REBALANCE_IN_PROGRESS; its advice, followed here: poll (the rebalance
+            # follows the join then makes it rejoin once (see _poll_until for why no poll
+            # may give up on that rejoin), and a commit during that rebalance raises
+            # REBALANCE_IN_PROGRESS; its advice, followed here: poll (the rebalance
             # completes and the member reads again from the committed offsets), commit again.
             assert consumer.partitions_for_topic(topic), (
                 f"kafka-python sees no partitions of {topic}"
@@ -1122,3 +1137,110 @@ def test_a_yes_that_turns_no_fails_and_a_no_that_turns_yes_is_reported():
     ]
     assert improvements == [f"kcat, {FEATURES['gzip']}: was no, now yes"]
     assert compare(before, render(before)) == ([], [])
+
+
+# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR: offsets topic not up yet
+RETRIABLE_GROUP_ERRORS = (14, 15, 16)
+
+
+def test_kafka_python_member_reads_on_after_a_rejoin_that_outlasts_a_poll(cluster):
+    """The kafka-python defect behind the group cell's flake (KafkaPython._poll_until), made
+    certain. In the cell the rejoin stops being needed between the leader's JoinGroup answer
+    and its SyncGroup answer, a window of milliseconds that only CPU load stretches past a
+    poll; here a follower changes its subscription, which stops being needed as soon as its
+    JoinGroup is sent, and the rebalance then waits out the session (6 s) of a leader that went
+    silent. The member must still join the next generation and read its new topic."""
+    from kafka import KafkaConsumer
+
+    from localcluster.group.consumer_protocol import Assignment, encode_assignment
+    from localcluster.protocol import messages
+    from localcluster.protocol.api import ApiKey
+    from tests.group_harness import subscription
+    from tests.raw_connection import RawConnection
+
+    group, first, second = "compat-slow-rejoin", "compat-slow-rejoin-1", "compat-slow-rejoin-2"
+    cluster.create(first)
+    cluster.create(second)
+    records = keyed("second", 10)
+    cluster.produce(second, records)
+    client = KafkaPython(cluster.bootstrap)
+    # Its metadata kept fresh, so it knows the second topic's partitions when it assigns them
+    # (as the cell's member knows its topic's); if it learnt them only later, that would make it
+    # rejoin once more, and so get out.
+    member = KafkaConsumer(bootstrap_servers=client.bootstrap, group_id=group,
+                           enable_auto_commit=False, auto_offset_reset="earliest",
+                           metadata_max_age_ms=200)  # fmt: skip
+    silent: RawConnection | None = None
+
+    def call(raw, api_key, version, body):
+        correlation_id = raw.send(api_key, version, messages.encode_request(api_key, version, body))
+        return messages.decode_response(api_key, version, *raw.recv(api_key, version, correlation_id))  # fmt: skip
+
+    def ask(api_key, version, body):
+        answer = call(silent, api_key, version, body)
+        assert answer.error_code == 0, answer
+        return answer
+
+    # JoinGroup v3 (no member id round trip), answered when the rebalance ends
+    def join(member_id="", answered=ask):
+        return answered(ApiKey.JOIN_GROUP, 3, {
+            "group_id": group, "session_timeout": 6_000, "rebalance_timeout": 10_000,
+            "member_id": member_id, "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": subscription(first)}]})  # fmt: skip
+
+    def sync(joined, assignments):
+        ask(ApiKey.SYNC_GROUP, 2, {
+            "group_id": group, "generation_id": joined.generation_id, "member_id": joined.member_id,
+            "assignments": [{"member_id": m, "assignment": encode_assignment(Assignment(a, version=0))}
+                            for m, a in assignments.items()]})  # fmt: skip
+
+    def state():
+        with cluster.admin() as admin:
+            return admin.describe_group(group).state
+
+    def first_join():
+        """The coordinator's connection and generation 1, once the coordinator is ready."""
+        nonlocal silent
+        with contextlib.closing(RawConnection(cluster.brokers[1].port)) as anywhere:
+            found = call(anywhere, ApiKey.FIND_COORDINATOR, 1, {"key": group, "key_type": 0})
+        if found.error_code != 0:
+            return None
+        silent = RawConnection(found.port, timeout_s=CALL_TIMEOUT_S)
+        joined = join(answered=lambda *request: call(silent, *request))
+        if joined.error_code in RETRIABLE_GROUP_ERRORS:  # __consumer_offsets still coming up
+            silent.close()
+            return None
+        assert joined.error_code == 0, joined
+        return joined
+
+    try:
+        # The raw member leads generation 1 alone, then generation 2 with kafka-python's member,
+        # to which it assigns the first topic, and from then on it never heartbeats.
+        leader = wait_until(first_join, timeout_s=CALL_TIMEOUT_S, interval_s=0.05)
+        sync(leader, {leader.member_id: ()})
+        assert member.partitions_for_topic(first)
+        member.subscribe([first])
+        generation_2: concurrent.futures.Future = concurrent.futures.Future()
+
+        def lead_generation_2():
+            try:
+                wait_until(lambda: state() == "PreparingRebalance", timeout_s=CALL_TIMEOUT_S)
+                joined = join(leader.member_id)
+                others = [m.member_id for m in joined.members if m.member_id != leader.member_id]
+                sync(joined, {leader.member_id: (), **{m: ((first, (0,)),) for m in others}})
+                generation_2.set_result(None)
+            except BaseException as e:  # noqa: BLE001 - the test thread raises it
+                generation_2.set_exception(e)
+
+        threading.Thread(target=lead_generation_2, name="silent-leader", daemon=True).start()
+        _deadline_loop(lambda: generation_2.done() and (generation_2.exception() or member.assignment()),
+                       lambda: member.poll(timeout_ms=100), "kafka-python's member in generation 2")  # fmt: skip
+        generation_2.result()
+        member.subscribe([second])  # rejoins; the silent leader holds the rebalance up for 6 s
+        got = client._poll_until(member, len(records))
+        assert sorted(r.value for r in got) == sorted(v for _, v in records)
+        assert state() == "Stable"
+    finally:
+        member.close()
+        if silent is not None:
+            silent.close()
