@@ -106,17 +106,26 @@ def kafka_python_subscribed(topic: str, **config):
     return consumer
 
 
+def poll_kafka_python(consumer, got: list[str], count: int, timeout_s: float) -> list[str]:
+    """Values into `got` until it holds `count` or `timeout_s` passed. Each poll may last to
+    the deadline (it returns once it has records): kafka-python 3.0 applies a join's answer only
+    in a poll that still finds a rejoin needed, so a poll that times out between JoinGroup and
+    SyncGroup can leave the member rebalancing for good (test_client_compatibility.py,
+    KafkaPython._poll_until, has the trace)."""
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and (left_s := deadline - time.monotonic()) > 0:
+        for records in consumer.poll(timeout_ms=max(int(left_s * 1000), 1)).values():
+            got.extend(r.value.decode() for r in records)
+    return got
+
+
 def consume_kafka_python(boot, topic, group, count) -> list[str]:
     consumer = kafka_python_subscribed(topic, bootstrap_servers=boot, group_id=group,
                                        auto_offset_reset="earliest")  # fmt: skip
-    got, deadline = [], time.monotonic() + 40
     try:
-        while len(got) < count and time.monotonic() < deadline:
-            for records in consumer.poll(500).values():
-                got.extend(r.value.decode() for r in records)
+        return poll_kafka_python(consumer, [], count, 40)
     finally:
         consumer.close()  # autocommit: commits on close
-    return got
 
 
 def consume_aiokafka(boot, topic, group, count) -> list[str]:
@@ -299,10 +308,8 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
                                        auto_offset_reset="earliest", enable_auto_commit=False,
                                        max_poll_records=100)  # fmt: skip
     try:
-        seen: list[str] = []
-        wait_until(lambda: seen.extend(r.value.decode() for rs in consumer.poll(200).values()
-                                       for r in rs) or len(seen) >= 400,
-                   timeout_s=40, message="the group should consume")  # fmt: skip
+        seen = poll_kafka_python(consumer, [], 400, 40)
+        assert len(seen) >= 400, f"the group should consume: {len(seen)} records in 40 s"
         consumer.commit()
         before = wait_until(lambda: committed_offsets(started, group), timeout_s=40)
         assert sum(before.values()) == len(seen)
@@ -312,9 +319,10 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
         # the new coordinator (another replica of the group's offsets partition) loads them
         wait_until(lambda: committed_offsets(alive, group) == before, timeout_s=40,
                    message="the committed offsets should survive the coordinator")  # fmt: skip
-        wait_until(lambda: seen.extend(r.value.decode() for rs in consumer.poll(200).values()
-                                       for r in rs) or len(seen) >= total,
-                   timeout_s=60, message="the member should go on consuming")  # fmt: skip
+        poll_kafka_python(consumer, seen, total, 60)
+        assert len(seen) >= total, (
+            f"the member should go on consuming: {len(seen)} of {total} in 60 s"
+        )
         # kafka-python 3.0's sync commit can raise the connection error of the dead coordinator
         # instead of retrying it (its net/inet.py raises where a failed future would retry):
         # an application retries, and so does this test
