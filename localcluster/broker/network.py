@@ -182,7 +182,8 @@ class PeerGoneError(ConnectionError):
 async def _handle_while_peer_stays(loop, sock: socket.socket, handling):
     """Await a request's handler, but give up when the client hangs up meanwhile: a parked
     fetch or produce must not hold a departed client's socket for its whole timeout (Kafka's
-    selector drops such a channel at once). Bytes of a pipelined next request stay queued."""
+    selector drops such a channel at once). Bytes of a pipelined next request stay queued (in
+    the socket, or already in the connection's FrameReader)."""
     task = loop.create_task(handling)
     await asyncio.sleep(0)  # the handler's synchronous part (an append, a read) runs first:
     if task.done():  # a request already taken is carried out even if its client leaves

@@ -410,7 +410,7 @@ class BrokerConnection:
                 f"broker at {self.address} closed the connection"
                 + (f" with {pending} request(s) unanswered" if pending else "")))  # fmt: skip
 
-    def _dispatch(self, frame: bytes | bytearray) -> None:
+    def _dispatch(self, frame: bytes | memoryview) -> None:
         if not self._pending:
             raise KafkaConnectionError(f"broker at {self.address} sent a response nobody asked for")
         pending = self._pending[0]  # popped only when it matches: _fail fails it otherwise

@@ -4,12 +4,13 @@
 into buffers it hands out (asyncio.BufferedProtocol), so bytes are copied from the kernel once:
 - small frames (most answers) land in one scratch buffer, several per receive, and each is
   cut out as its own `bytes`;
-- a frame larger than the scratch buffer gets a buffer of its size (not zeroed first), and the loop receives
-  the rest of it straight into that (a follower's fetch answer of a few MB).
+- a frame larger than the scratch buffer gets a buffer of its size (not zeroed first), and the
+  loop receives the rest of it straight into that (a follower's fetch answer of a few MB).
 
 An asyncio StreamReader did three copies instead (into its buffer, out of it, and the shift of
 what was left) and woke the reading task for every chunk: on the followers of a full-speed
-acks=all run, a quarter of the broker's CPU (bench/README.md, "Receiving frames").
+acks=all run at 1 MB batches, 38-41% of their busy samples (bench/README.md, "Receiving
+frames").
 
 Each frame goes to `on_frame` as it completes, in order; an impossible size or an `on_frame`
 that raises ends the connection through `on_lost`, as does the peer closing it. Writing is the

@@ -33,6 +33,7 @@ from tests.netns import (
     NamespaceProcess,
     NamespaceUnavailable,
     Network,
+    ip,
     skip_unless_namespaces,
 )
 
@@ -135,6 +136,10 @@ def test_network_removes_everything_it_made_even_when_the_test_fails(tmp_path):
             assert sleeper.wait_for_line("^up$", timeout_s=10)
             stray = subprocess.Popen([*made.exec_prefix("b"), "sleep", "600"],
                                      start_new_session=True)  # fmt: skip
+            # inside once `ip netns exec` has entered it (under load that took a while, and a
+            # stray not in yet was not killed: it is not the cleanup's to find)
+            wait_until(lambda: str(stray.pid) in ip("netns", "pids", made.namespace("b")).stdout.split(),
+                       10, 0.02, "the stray process inside namespace b")  # fmt: skip
             raise RuntimeError("the test failed")
     assert made.leftovers() == []
     assert not sleeper.is_alive()
