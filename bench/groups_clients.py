@@ -126,7 +126,8 @@ def commit_samples_kafka_python(bootstrap: str, group: str, topic: str, samples:
         # subscribes once it has seen the topic, as an application should with this client.
         _until(lambda: consumer.partitions_for_topic(topic), f"topic {topic} in the metadata")
         consumer.subscribe([topic])
-        _until(lambda: consumer.poll(50) is not None and consumer.assignment(), "an assignment")
+        _until(lambda: consumer.poll(REJOIN_POLL_MS) is not None and consumer.assignment(),
+               "an assignment")  # fmt: skip
         # Untimed: a first commit that succeeds. kafka-python may rejoin right after its first
         # assignment, and its commits raise RebalanceInProgressError until a poll ends that.
         _until(lambda: _committed_once(consumer, {partition: OffsetAndMetadata(0, "", -1)}),
@@ -156,8 +157,16 @@ def _committed_once(consumer, offsets) -> bool:
         consumer.commit(offsets)
         return True
     except KafkaError:
-        consumer.poll(50)
+        consumer.poll(REJOIN_POLL_MS)
         return False
+
+
+# The polls that may rejoin the group (untimed): long, since kafka-python 3.0 applies a join's
+# answer only in a poll that still finds a rejoin needed, and a poll that times out between the
+# JoinGroup and SyncGroup answers can leave the member rebalancing for good (traced in
+# tests/integration/test_client_compatibility.py, KafkaPython._poll_until). A poll returns as
+# soon as it has records; on the empty topic here it waits the whole time.
+REJOIN_POLL_MS = 2000
 
 
 def _until(predicate: Callable[[], object], what: str, timeout_s: float = WAIT_S) -> None:
