@@ -23,7 +23,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from localcluster.client.frames import unzeroed_buffer, widen_send_buffer
+from localcluster.client.frames import FrameError, unzeroed_buffer, widen_send_buffer
 from localcluster.protocol.wire import MalformedRequestError
 from localcluster.tasks import cancel_and_wait
 
@@ -66,10 +66,6 @@ class ConnectionContext:
 
 
 Handler = Callable[[memoryview, ConnectionContext], Awaitable[list | None]]
-
-
-class FrameError(Exception):
-    """A frame with an impossible size: the stream cannot be resynchronised."""
 
 
 class FrameReader:

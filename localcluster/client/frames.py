@@ -31,7 +31,7 @@ UNIX_SEND_BUFFER_BYTES = 4 << 20
 
 
 class FrameError(Exception):
-    """The stream cannot be read on: a size field no frame can have."""
+    """A frame with an impossible size: the stream cannot be resynchronised (either end's)."""
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
