@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from localcluster.client.frames import FrameError, unzeroed_buffer, widen_send_buffer
 from localcluster.protocol.wire import MalformedRequestError
-from localcluster.tasks import cancel_and_wait
+from localcluster.tasks import cancel_and_wait, wake
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ async def sendfile(loop, sock: socket.socket, fd: int, offset: int, count: int) 
 
 async def _writable(loop, fd: int) -> None:
     ready = loop.create_future()
-    loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
+    loop.add_writer(fd, wake, ready)
     try:
         await ready
     finally:

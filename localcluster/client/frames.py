@@ -25,6 +25,8 @@ import socket
 import struct
 from collections.abc import Callable
 
+from localcluster.tasks import wake
+
 _SIZE = struct.Struct(">i")
 SCRATCH_BYTES = 64 << 10
 UNIX_SEND_BUFFER_BYTES = 4 << 20
@@ -116,10 +118,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         error = self._lost or exc
         self._lost = error or ConnectionResetError("closed by the peer")
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)  # the writer finds the connection closed
-        if not self.closed.done():
-            self.closed.set_result(None)
+        wake(self._drained)  # the writer finds the connection closed
+        wake(self.closed)
         self.on_lost(error)
 
     # -- writing ------------------------------------------------------------------------------
@@ -129,8 +129,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
+        wake(self._drained)
 
     async def drain(self) -> None:
         """Return once the transport takes more; raises ConnectionError once it is closed."""

@@ -53,6 +53,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from localcluster.tasks import wake
+
 CLIENTS = ("own", "confluent")
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 # Our client's prebuilt batch unless the job's client_config names batch.size (Kafka's name: the
@@ -224,17 +226,12 @@ class Pacer:
             due, future = self.requests.get()
             while (left := due - time.monotonic()) > 0:
                 time.sleep(left)
-            self.loop.call_soon_threadsafe(_resolve, future)
+            self.loop.call_soon_threadsafe(wake, future)
 
     def until(self, due: float) -> asyncio.Future:
         future = self.loop.create_future()
         self.requests.put((due, future))
         return future
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 # -- inside a load process ----------------------------------------------------------------------
