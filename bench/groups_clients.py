@@ -164,7 +164,7 @@ def _committed_once(consumer, offsets) -> bool:
 # The polls that may rejoin the group (untimed): long, since kafka-python 3.0 applies a join's
 # answer only in a poll that still finds a rejoin needed, and a poll that times out between the
 # JoinGroup and SyncGroup answers can leave the member rebalancing for good (traced in
-# tests/integration/test_client_compatibility.py, KafkaPython._poll_until). A poll returns as
+# tests/helpers.py, poll_kafka_python, and docs/groups.md). A poll returns as
 # soon as it has records; on the empty topic here it waits the whole time.
 REJOIN_POLL_MS = 2000
 

@@ -60,3 +60,28 @@ def check_indexes_agree(log) -> None:
     assert bases == sorted(bases) and len(set(bases)) == len(bases), bases
     for earlier, later in zip(log.segments, log.segments[1:], strict=False):
         assert earlier.next_offset <= later.base_offset, (earlier, later)
+
+
+# -- kafka-python -------------------------------------------------------------------------------
+
+
+def poll_kafka_python(consumer, count: int, timeout_s: float) -> list:
+    """kafka-python records until `count` arrived or `timeout_s` passed (the caller asserts).
+
+    Each poll may last until the deadline (it returns as soon as it has records): a kafka-python
+    3.0 group member must not time out a poll between its JoinGroup and the SyncGroup answer. It
+    takes that answer up only inside a poll that finds a rejoin still needed, and a rejoin the
+    leader starts for a metadata change (the first join races the metadata of the new
+    subscription, so this one is common) stops being needed once the leader has assigned: a poll
+    that gave up on the join leaves the member rebalancing, without heartbeats or fetches, until
+    something else makes it rejoin. (Java's rejoinNeededOrPending also counts a pending join;
+    kafka-python's need_rejoin does not; docs/groups.md.) 200 ms polls gave up so under CPU
+    load, about one run in 20."""
+    import time
+
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and (left_s := deadline - time.monotonic()) > 0:
+        for records in consumer.poll(timeout_ms=max(int(left_s * 1000), 1)).values():
+            got.extend(records)
+    return got

@@ -23,7 +23,7 @@ import pytest
 from localcluster.client import Admin
 from localcluster.group import partition_for
 from tests.brokers import BrokerProcess, remove_socket_dir
-from tests.helpers import wait_until
+from tests.helpers import poll_kafka_python, wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
@@ -106,16 +106,10 @@ def kafka_python_subscribed(topic: str, **config):
     return consumer
 
 
-def poll_kafka_python(consumer, got: list[str], count: int, timeout_s: float) -> list[str]:
-    """Values into `got` until it holds `count` or `timeout_s` passed. Each poll may last to
-    the deadline (it returns once it has records): kafka-python 3.0 applies a join's answer only
-    in a poll that still finds a rejoin needed, so a poll that times out between JoinGroup and
-    SyncGroup can leave the member rebalancing for good (test_client_compatibility.py,
-    KafkaPython._poll_until, has the trace)."""
-    deadline = time.monotonic() + timeout_s
-    while len(got) < count and (left_s := deadline - time.monotonic()) > 0:
-        for records in consumer.poll(timeout_ms=max(int(left_s * 1000), 1)).values():
-            got.extend(r.value.decode() for r in records)
+def poll_values(consumer, got: list[str], count: int, timeout_s: float) -> list[str]:
+    """Values into `got` until it holds `count` or `timeout_s` passed (tests/helpers.py's
+    poll_kafka_python: polls that never give up on a rejoin)."""
+    got.extend(r.value.decode() for r in poll_kafka_python(consumer, count - len(got), timeout_s))
     return got
 
 
@@ -123,7 +117,7 @@ def consume_kafka_python(boot, topic, group, count) -> list[str]:
     consumer = kafka_python_subscribed(topic, bootstrap_servers=boot, group_id=group,
                                        auto_offset_reset="earliest")  # fmt: skip
     try:
-        return poll_kafka_python(consumer, [], count, 40)
+        return poll_values(consumer, [], count, 40)
     finally:
         consumer.close()  # autocommit: commits on close
 
@@ -308,7 +302,7 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
                                        auto_offset_reset="earliest", enable_auto_commit=False,
                                        max_poll_records=100)  # fmt: skip
     try:
-        seen = poll_kafka_python(consumer, [], 400, 40)
+        seen = poll_values(consumer, [], 400, 40)
         assert len(seen) >= 400, f"the group should consume: {len(seen)} records in 40 s"
         consumer.commit()
         before = wait_until(lambda: committed_offsets(started, group), timeout_s=40)
@@ -319,7 +313,7 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
         # the new coordinator (another replica of the group's offsets partition) loads them
         wait_until(lambda: committed_offsets(alive, group) == before, timeout_s=40,
                    message="the committed offsets should survive the coordinator")  # fmt: skip
-        poll_kafka_python(consumer, seen, total, 60)
+        poll_values(consumer, seen, total, 60)
         assert len(seen) >= total, (
             f"the member should go on consuming: {len(seen)} of {total} in 60 s"
         )
