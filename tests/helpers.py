@@ -65,8 +65,11 @@ def check_indexes_agree(log) -> None:
 # -- kafka-python -------------------------------------------------------------------------------
 
 
-def poll_kafka_python(consumer, count: int, timeout_s: float) -> list:
+def poll_kafka_python(consumer, count: int, timeout_s: float, broker_killed: bool = False) -> list:
     """kafka-python records until `count` arrived or `timeout_s` passed (the caller asserts).
+    With `broker_killed`, a poll that raises the connection error of a dead broker is polled
+    again, as an application retries: kafka-python 3.0 can raise it from poll (its coordinator
+    lookup) instead of trying another broker.
 
     Each poll may last until the deadline (it returns as soon as it has records): a kafka-python
     3.0 group member must not time out a poll between its JoinGroup and the SyncGroup answer. It
@@ -79,9 +82,18 @@ def poll_kafka_python(consumer, count: int, timeout_s: float) -> list:
     load, about one run in 20."""
     import time
 
+    from kafka.errors import KafkaConnectionError
+
     got: list = []
     deadline = time.monotonic() + timeout_s
     while len(got) < count and (left_s := deadline - time.monotonic()) > 0:
-        for records in consumer.poll(timeout_ms=max(int(left_s * 1000), 1)).values():
+        try:
+            polled = consumer.poll(timeout_ms=max(int(left_s * 1000), 1))
+        except KafkaConnectionError:
+            if not broker_killed:
+                raise
+            time.sleep(0.05)  # an application's retry backoff, not a wait for a condition
+            continue
+        for records in polled.values():
             got.extend(records)
     return got

@@ -106,10 +106,12 @@ def kafka_python_subscribed(topic: str, **config):
     return consumer
 
 
-def poll_values(consumer, got: list[str], count: int, timeout_s: float) -> list[str]:
+def poll_values(consumer, got: list[str], count: int, timeout_s: float,
+                broker_killed: bool = False) -> list[str]:  # fmt: skip
     """Values into `got` until it holds `count` or `timeout_s` passed (tests/helpers.py's
     poll_kafka_python: polls that never give up on a rejoin)."""
-    got.extend(r.value.decode() for r in poll_kafka_python(consumer, count - len(got), timeout_s))
+    records = poll_kafka_python(consumer, count - len(got), timeout_s, broker_killed)
+    got.extend(r.value.decode() for r in records)
     return got
 
 
@@ -313,7 +315,7 @@ def test_committed_offsets_and_the_group_survive_kill_9_of_the_coordinator(broke
         # the new coordinator (another replica of the group's offsets partition) loads them
         wait_until(lambda: committed_offsets(alive, group) == before, timeout_s=40,
                    message="the committed offsets should survive the coordinator")  # fmt: skip
-        poll_values(consumer, seen, total, 60)
+        poll_values(consumer, seen, total, 60, broker_killed=True)
         assert len(seen) >= total, (
             f"the member should go on consuming: {len(seen)} of {total} in 60 s"
         )
