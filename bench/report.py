@@ -72,9 +72,9 @@ def limits(docs: dict) -> dict[str, dict]:
         if variant == "raw copy, pages resident" and fs == "shm":
             out["memcpy"] = {"mb_per_s": row.get("mb_per_s"), "source": "bench.storage",
                              "what": "memcpy of 16 KiB batches into resident mmap pages (tmpfs)"}  # fmt: skip
-        if variant == "raw copy, prefault ahead":
+        if variant == "raw write, fresh pages":
             out[f"append {fs}"] = {"mb_per_s": row.get("mb_per_s"), "source": "bench.storage",
-                                   "what": f"prefaulted mmap append, 16 KiB batches ({fs})"}  # fmt: skip
+                                   "what": f"pwrite of 16 KiB batches into fresh pages ({fs})"}  # fmt: skip
     for row in storage.get("read", []):
         if row.get("variant") == "raw sendfile" and row.get("max_bytes") == "1 MiB":
             out["sendfile"] = {"mb_per_s": row.get("mb_per_s"), "source": "bench.storage",
@@ -88,8 +88,8 @@ def limits(docs: dict) -> dict[str, dict]:
 
 
 def limit_for(cell: dict, lim: dict) -> tuple[str, float | None]:
-    """Which limit a matrix cell is held to: the three-copy pipe for RF 3, the prefaulted
-    append on the cell's filesystem for RF 1."""
+    """Which limit a matrix cell is held to: the three-copy pipe for RF 3, the raw append
+    (pwrite into fresh pages) on the cell's filesystem for RF 1."""
     if int(cell.get("replication_factor", 1)) >= 3:
         name = "three-copy pipe"
     else:
@@ -537,7 +537,7 @@ def render(directory: Path, steps: list[dict] | None = None) -> Path:
 
     md.append("## Limits measured in this run\n")
     md.append("Each produce figure below is also shown as a fraction of the limit it is held to: the "
-              "three-copy pipe for replication factor 3, the prefaulted append on the same filesystem for "
+              "three-copy pipe for replication factor 3, the raw append (pwrite into fresh pages) on the same filesystem for "
               "replication factor 1. Limits are in MB/s of batch bytes, produce figures in MB/s of record "
               "values, so a fraction understates by the batch framing (about 10% at 100-byte records).\n")  # fmt: skip
     md.append(table(["limit", "MB/s", "records/s at 100 B", "what", "from"],

@@ -4,16 +4,17 @@ What is measured, per filesystem (/dev/shm and a disk-backed directory):
 
 Append (100-byte record values, batches of 16 KiB and 1 MiB built once with `encode_batch`;
 each append is `Log.append(batch, leader_epoch=0)`: validate headers and CRC-32C, assign the
-offset, copy into the segment's mmap, add an index entry):
+offset, write into the segment file with pwrite, add an index entry):
 - raw copy, pages resident: the same bytes copied batch by batch into an mmap of the same size
   whose pages were populated (MADV_POPULATE_WRITE) before timing. This is the limit, the
   figure the log is compared with, and it excludes page allocation.
-- raw copy, prefault ahead: the same, but pages are populated inside the timed loop in chunks of
-  `LogConfig.prefault_bytes`, as the log does: the limit when page allocation is paid.
-- raw copy, no prefault: no madvise at all; every 4 KiB page faults on first write. It shows
-  why the log prefaults.
+- raw write, fresh pages: the same bytes written batch by batch with pwrite(2) into a new file,
+  as the log writes: the limit when page allocation is paid.
+- raw copy, fresh map: the same bytes stored into an mmap of a new file; every page faults on
+  its first store and the kernel zeroes it before the copy. It shows why the log writes
+  instead (until Dec 2026 it stored through the map, with pages populated ahead).
 - log, fresh segment: a new log with the default `LogConfig`: the sustained rate a broker sees,
-  with page allocation included (the log prefaults ahead of itself).
+  with page allocation included.
 - log, pages resident: the same log code with every data page already populated, so the figure
   compares like for like with the raw resident copy (see `time_log_append`).
 
@@ -63,7 +64,7 @@ from bench.common import (
     print_table,
     write_results,
 )
-from localcluster.storage import Log, LogConfig, Record, encode_batch
+from localcluster.storage import Log, LogConfig, Record, encode_batch, reservation
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
 RECORD_VALUE_BYTES = 100
@@ -73,7 +74,6 @@ READ_BATCH = "16 KiB"
 READ_CHUNKS = {"64 KiB": 64 << 10, "1 MiB": 1 << 20}
 GOAL_RAW_RATIO = 0.50
 GOAL_RECORDS_PER_S = 2_000_000
-DEFAULT_PREFAULT_BYTES = LogConfig().prefault_bytes
 
 
 @dataclass(frozen=True)
@@ -132,30 +132,21 @@ def build_workloads(volume_bytes: int) -> dict[str, Workload]:
 # -- append measurements (each returns the seconds it timed) ----------------------------------
 
 
-def time_raw_copy(directory: Path, work: Workload, prefault: str) -> float:
-    """Copy the batches back to back into a fresh mmap'd file of the same size.
-
-    `prefault`: "before" populates every page before timing, "ahead" populates
-    `DEFAULT_PREFAULT_BYTES` at a time inside the timed loop (as the log does), "none" never.
-    """
+def time_raw_copy(directory: Path, work: Workload, populated: bool) -> float:
+    """Store the batches back to back into a fresh mmap'd file of the same size; with
+    `populated`, every page is populated before timing."""
     size = work.total_bytes
     fd, name = tempfile.mkstemp(dir=directory, prefix="raw-", suffix=".bin")
     try:
         os.ftruncate(fd, size)
         with mmap.mmap(fd, size) as mm:
-            if prefault == "before":
+            if populated:
                 mm.madvise(MADV_POPULATE_WRITE, 0, size)
             batch, n = work.batch, len(work.batch)
-            chunk = DEFAULT_PREFAULT_BYTES
-            populated = 0
             position = 0
             with Timer() as timer:
                 for _ in range(work.batches):
                     end = position + n
-                    if prefault == "ahead" and end > populated:
-                        stop = min(size, _page_round_up(max(end, populated + chunk)))
-                        mm.madvise(MADV_POPULATE_WRITE, populated, stop - populated)
-                        populated = stop
                     mm[position:end] = batch
                     position = end
             return timer.seconds
@@ -164,31 +155,41 @@ def time_raw_copy(directory: Path, work: Workload, prefault: str) -> float:
         os.unlink(name)
 
 
-def _page_round_up(n: int) -> int:
-    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
+def time_raw_write(directory: Path, work: Workload) -> float:
+    """pwrite the batches back to back into a new file (sparse to its size, as a segment)."""
+    fd, name = tempfile.mkstemp(dir=directory, prefix="raw-", suffix=".bin")
+    try:
+        os.ftruncate(fd, work.total_bytes)
+        batch, n, pwrite = work.batch, len(work.batch), os.pwrite
+        position = 0
+        with Timer() as timer:
+            for _ in range(work.batches):
+                pwrite(fd, batch, position)
+                position += n
+        return timer.seconds
+    finally:
+        os.close(fd)
+        os.unlink(name)
 
 
 def time_log_append(directory: Path, work: Workload, resident: bool) -> float:
     """Append the batches to a new log; with `resident`, its data pages exist beforehand.
 
-    Pages resident: the log is opened with `prefault_bytes` covering everything this run will
-    write, so its first append (untimed) populates the whole range with MADV_POPULATE_WRITE
-    through the log's own prefault path; the timed appends that follow never allocate a data
-    page. The alternatives are wrong: truncating a log frees its pages again, and a second log
-    over the same files would not be the code path a broker runs. Index pages (8 + 8 bytes per
-    batch) still fault in during timing, as they do for a broker.
+    Pages resident: the active segment's blocks for everything this run will write are
+    allocated (fallocate) before timing, so the timed appends never allocate a data page. The
+    alternatives are wrong: truncating a log frees its pages again, and a second log over the
+    same files would not be the code path a broker runs. Index pages (8 + 8 bytes per batch)
+    still fault in during timing, as they do for a broker.
     """
     log_dir = Path(tempfile.mkdtemp(dir=directory, prefix="log-"))
     try:
         config = LogConfig()
-        if resident:
-            needed = (work.batches + 1) * len(work.batch)
-            assert needed <= config.segment_bytes, "resident run would roll to a fresh segment"
-            config = LogConfig(prefault_bytes=needed)
         log = Log.open(log_dir, config)
         try:
             if resident:
-                log.append(work.batch, leader_epoch=0)
+                needed = work.batches * len(work.batch)
+                assert needed <= config.segment_bytes, "resident run would roll to a fresh segment"
+                reservation.reserve(log.active_segment.fileno(), 0, needed)
             append, batch = log.append, work.batch
             with Timer() as timer:
                 for _ in range(work.batches):
@@ -201,9 +202,9 @@ def time_log_append(directory: Path, work: Workload, resident: bool) -> float:
 
 
 APPEND_VARIANTS: dict[str, Callable[[Path, Workload], float]] = {
-    "raw copy, pages resident": lambda d, w: time_raw_copy(d, w, "before"),
-    "raw copy, prefault ahead": lambda d, w: time_raw_copy(d, w, "ahead"),
-    "raw copy, no prefault": lambda d, w: time_raw_copy(d, w, "none"),
+    "raw copy, pages resident": lambda d, w: time_raw_copy(d, w, populated=True),
+    "raw write, fresh pages": time_raw_write,
+    "raw copy, fresh map": lambda d, w: time_raw_copy(d, w, populated=False),
     "log, fresh segment": lambda d, w: time_log_append(d, w, resident=False),
     "log, pages resident": lambda d, w: time_log_append(d, w, resident=True),
 }

@@ -12,7 +12,7 @@ report says which step failed and where its log is. At the end bench.report writ
 with tables and PNG plots from the JSON documents, and bench/results/latest points at the run.
 
 Steps, in order (limits first, while nothing else runs):
-- storage: memcpy, prefaulted mmap append, Unix-socket sendfile (the limits), the log's rates.
+- storage: memcpy, pwrite append, Unix-socket sendfile (the limits), the log's rates.
 - commit: the producer -> leader -> two followers pipe (a limit), acks=1/all on 3 partitions.
 - matrix: acks x RF x record size x partitions x client x filesystem; the open-loop
   latency-throughput curves; end-to-end latency at half the maximum rate.

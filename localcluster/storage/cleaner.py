@@ -436,7 +436,7 @@ def commit(lg: Log, planned: CleanPlan, result: CleanResult) -> bool:
             continue
         segment_swap.swap_in(lg.directory, old.base_offset)
         new = LogSegment.open_existing(lg.directory, old.base_offset, config.segment_bytes,
-                                       config.max_index_entries, config.prefault_bytes)  # fmt: skip
+                                       config.max_index_entries)  # fmt: skip
         if not new.load_trusted():
             new.recover()
         lg.replace_segment(old, new)

@@ -59,7 +59,6 @@ class LogConfig:
     segment_index_bytes: int = 10 << 20  # log.index.size.max.bytes
     retention_bytes: int = -1  # log.retention.bytes (-1: no limit)
     retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
-    prefault_bytes: int = 1 << 20  # the largest prefault chunk (from 64 KiB, doubling)
     segment_ms: int = 7 * 24 * 3600 * 1000  # log.roll.ms: a segment this old rolls
     log_append_time: bool = False  # message.timestamp.type=LogAppendTime (the caller stamps)
 
@@ -139,7 +138,7 @@ class Log:
         recovered: list[LogSegment] = []
         for k, base in enumerate(bases):
             segment = LogSegment.open_existing(directory, base, config.segment_bytes,
-                                               config.max_index_entries, config.prefault_bytes)  # fmt: skip
+                                               config.max_index_entries)  # fmt: skip
             is_last = k + 1 == len(bases)
             holds_recovery_point = is_last or bases[k + 1] > recovery_point
             cut = None
@@ -159,7 +158,7 @@ class Log:
                 break
         if not segments:
             segments.append(LogSegment.create(directory, log_start_offset, config.segment_bytes,
-                                              config.max_index_entries, config.prefault_bytes))  # fmt: skip
+                                              config.max_index_entries))  # fmt: skip
         segments[-1].make_appendable()
         opened = cls(directory, config, segments, recovery_point)
         opened.cuts = cuts
@@ -374,7 +373,7 @@ class Log:
         self.active_segment.seal()
         try:
             segment = LogSegment.create(self.directory, base, self.config.segment_bytes,
-                                        self.config.max_index_entries, self.config.prefault_bytes)  # fmt: skip
+                                        self.config.max_index_entries)  # fmt: skip
         except OSError as e:
             # No room for the new segment's files: the old one stays the active one.
             _delete_segment_files(self.directory, base)
@@ -511,8 +510,7 @@ class Log:
         for segment in self._segments:
             segment.delete()
         self._segments = [LogSegment.create(self.directory, offset, self.config.segment_bytes,
-                                            self.config.max_index_entries,
-                                            self.config.prefault_bytes)]  # fmt: skip
+                                            self.config.max_index_entries)]  # fmt: skip
         self._bases = [offset]
         self._start_offset = offset
         self.leader_epoch_cache.clear()

@@ -2,9 +2,10 @@
 
 A store into a page of a shared file mapping that the filesystem cannot back (tmpfs or a disk
 that is full) is not an error the writer can catch: the kernel sends SIGBUS and the process dies.
-On tmpfs even a read of a hole does, as it allocates a page. So every range of a segment or an
-index file is reserved with fallocate(2) before anything touches its pages; fallocate fails with
-ENOSPC, which becomes `LogDirectoryFullError` with nothing written.
+On tmpfs even a read of a hole does, as it allocates a page. So every range of an index file
+is reserved with fallocate(2) before anything touches its pages; fallocate fails with ENOSPC,
+which becomes `LogDirectoryFullError` with nothing written. Segments are written with pwrite,
+whose ENOSPC (segment.py) becomes the same error.
 
 fallocate(2) is called through ctypes, not `os.posix_fallocate`: glibc's posix_fallocate falls
 back, on a filesystem without fallocate, to writing a zero byte into each block it reads as zero,

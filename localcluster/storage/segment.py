@@ -1,41 +1,30 @@
-"""One log segment: `<base_offset:020d>.log`, memory-mapped, plus its BatchIndex.
+"""One log segment: `<base_offset:020d>.log`, written with pwrite(2), read through a map, plus
+its BatchIndex.
 
-The active segment's file is preallocated (sparse) to its capacity and mapped whole; the pages
-just ahead of the write position are prefaulted in chunks with MADV_POPULATE_WRITE, because an
-append that takes one page fault per 4 KiB runs several times slower. Every chunk is reserved
-and populated on the prefault thread (prefault.py), which releases the GIL, so the event loop
-does not stop while pages are allocated: the first as the segment is created (a new log, a
-roll), each next one once the writer is halfway into the last. A segment made appendable again
-(a broker's start, a truncation) asks for its next chunk on its first append, so a restart
-populates nothing for partitions that stay idle. The first chunk is small (`FIRST_CHUNK_BYTES`,
-64 KiB) and each next one twice the last, up to `prefault_bytes` (1 MiB by default): a new
-idle or small partition costs 64 KiB of pages, a busy one reaches full chunks after 1 MiB.
-Before, the first append populated a whole 1 MiB chunk itself, on the event loop: with 600
-partitions (RF 3, 3 brokers) py-spy put 40-47% of the brokers' time in those first appends to
-about 1,800 fresh segments, and each broker held 600 MiB of tmpfs pages for partitions that
-held a few KiB each; now 59-75 MiB, and those appends are gone from the loop's profile. The
-price (bench/README.md, scaling): pages are now allocated while the data comes, and at 600
-partitions the measured window did about a quarter fewer records/s on main with the rejoin
-fix (its cause is open: see there). On roll and clean close the file is trimmed to its valid
-bytes, so a closed segment's size is its data.
+The active segment's file is grown (sparse) to its capacity and mapped whole for reading;
+batches are written into it with pwrite(2), not stored through the map. On tmpfs a store into
+a fresh page of a shared mapping first has the kernel zero the whole page (shmem_fault), then
+the copy overwrites it; a write(2) that fills the page skips the zeroing (shmem_write_begin
+allocates the page unzeroed and shmem_write_end zeroes only what the write left out). On this
+VM a 1 MiB append cost 0.64 ms of CPU per MiB through a map, populated ahead or not, and
+0.35 ms with pwrite; and under acks=all at 1 MB batches the prefault thread that populated
+the map ahead of the writer (the old design: storage/prefault.py, removed in Dec 2026) used
+more CPU than each follower's event loop, 1.45 ms per MiB, because fallocate and populate
+cleared every page first. docs/storage.md has the figures before and after.
 
-No page of the map is touched before its blocks are reserved (fallocate, reservation.py): a
-store into an unbacked page of a full filesystem is SIGBUS, a reservation that finds no space
-is ENOSPC, raised as `LogDirectoryFullError` before any byte of the batch is copied. Below
-`_region.reserved` the file's blocks are allocated; the prefault thread reserves each chunk
-before populating it. A writer that gets ahead of the thread (a burst, a long queue of new
-segments) reserves what its batch needs itself, page-rounded, and the copy faults those pages
-in; it never waits for the thread. Recovery reads only the file's data, never a hole (on tmpfs
-even a read of a hole allocates a page).
+A full filesystem is an error the writer gets back from pwrite (ENOSPC), raised as
+`LogDirectoryFullError`; what a failed append wrote past `size` is cut again, so nothing of it
+stays. Stores through a map could not fail cleanly (an unbacked page is SIGBUS), which is why
+the index files, still written through their maps, are reserved first (reservation.py).
+Recovery reads only the file's data, never a hole (on tmpfs a read of a hole through a map
+allocates a page).
 
 Crash safety rests on two rules:
-- a batch is written tail first and its first 12 bytes (baseOffset, batchLength) last: until
-  those land, the preallocated zeros make the batch invalid, so recovery cuts it;
-- truncation really removes bytes (the file is cut, then regrown as zeros), so a stale batch
+- a batch is written tail first (from byte 16 on) and its first 16 bytes (baseOffset,
+  batchLength, partitionLeaderEpoch) last, in one write: until those land, the hole's zeros
+  make the batch invalid, so recovery cuts it;
+- truncation really removes bytes (the file is cut, then regrown as a hole), so a stale batch
   can never reappear behind a shorter new one.
-Populating a page never changes what it holds (zeros, or our own data), so the prefault thread
-cannot break either rule: it only allocates pages, below the segment's `limit`, under the lock
-that a cut takes.
 
 Nothing here reads past `size`: the file may be shorter than the mapping after a trim.
 """
@@ -45,27 +34,23 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import struct
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from localcluster.storage import file_map, prefault, reclaim, reservation
+from localcluster.storage import file_map, reclaim, reservation
 from localcluster.storage import record_batch as rb
 from localcluster.storage.index import BatchIndex
 
 log = logging.getLogger(__name__)
 
-MADV_POPULATE_WRITE = 23  # Linux 5.14+; older kernels fall back to touching the pages
 PAGE = mmap.PAGESIZE
-FIRST_CHUNK_BYTES = 64 << 10  # a segment's first prefault chunk; each next one doubles
 SUFFIX = ".log"
-_warned_unreservable: set[int] = set()  # st_dev of filesystems already reported
-
-
-def _page_up(n: int) -> int:
-    return -(-n // PAGE) * PAGE
+HEAD_BYTES = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append writes last
+_HEAD = struct.Struct(">qii")
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -105,12 +90,10 @@ class CutReport:
 class LogSegment:
     """Batches from `base_offset` on. `size` valid bytes; `next_offset` follows the last batch."""
 
-    def __init__(self, directory: Path, base_offset: int, capacity: int, max_index_entries: int,
-                 prefault_bytes: int):  # fmt: skip
+    def __init__(self, directory: Path, base_offset: int, capacity: int, max_index_entries: int):
         self.base_offset = base_offset
         self.path = directory / segment_file_name(base_offset)
         self.capacity = capacity
-        self.prefault_bytes = prefault_bytes
         self.index = BatchIndex(self.path, base_offset, max_index_entries)
         self.size = 0
         self.next_offset = base_offset
@@ -118,22 +101,17 @@ class LogSegment:
         self._file = None
         self._mm: mmap.mmap | None = None
         self._mapped = 0
-        self._prefaulted = 0  # populated, or requested from the prefault thread, up to here
-        self._chunk = 0  # the last prefault chunk's size (0: none yet); the next one doubles it
-        self._region: prefault.MappedRegion | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, capacity: int, max_index_entries: int,
-               prefault_bytes: int) -> LogSegment:  # fmt: skip
-        segment = cls(directory, base_offset, capacity, max_index_entries, prefault_bytes)
+    def create(cls, directory: Path, base_offset: int, capacity: int,
+               max_index_entries: int) -> LogSegment:  # fmt: skip
+        segment = cls(directory, base_offset, capacity, max_index_entries)
         segment._file = open(segment.path, "w+b", buffering=0)
         try:
             segment.index.reset()
             segment.make_appendable()
-            if prefault.AVAILABLE:  # the first chunk, on the thread (else the first append's)
-                segment._prefault_ahead(0)
         except BaseException:
             segment._release_map()
             segment._file.close()
@@ -142,8 +120,8 @@ class LogSegment:
 
     @classmethod
     def open_existing(cls, directory: Path, base_offset: int, capacity: int,
-                      max_index_entries: int, prefault_bytes: int) -> LogSegment:  # fmt: skip
-        segment = cls(directory, base_offset, capacity, max_index_entries, prefault_bytes)
+                      max_index_entries: int) -> LogSegment:  # fmt: skip
+        segment = cls(directory, base_offset, capacity, max_index_entries)
         segment._file = open(segment.path, "r+b", buffering=0)
         file_size = os.fstat(segment._file.fileno()).st_size
         segment.size = file_size
@@ -246,30 +224,19 @@ class LogSegment:
         os.ftruncate(self._file.fileno(), self.capacity)
         if self._mapped < self.capacity:
             self._map(self.capacity)
-        region = self._region
-        with region.lock:
-            # Not appendable means the file ended at `size` (sealed, recovered, or new): the
-            # data is allocated, nothing beyond it is.
-            region.limit = self.capacity
-            region.reserved = self.size
-        self._prefaulted = self.size
         self.index.make_appendable()
         self.appendable = True
 
     def seal(self) -> None:
         """Trim the file and indexes to their data: on roll and on clean close."""
         if self.appendable:
-            region = self._region
-            with region.lock:  # the thread reserves nothing more, and nothing past the cut
-                region.limit = 0
-                os.ftruncate(self._file.fileno(), self.size)
-                region.cut_reserved(self.size)
+            os.ftruncate(self._file.fileno(), self.size)
             self.index.trim()
             self.appendable = False
 
     def flush(self) -> None:
-        if self._mm is not None and self.size:
-            self._mm.flush(0, min(self._mapped, -(-self.size // PAGE) * PAGE))
+        if self._file is not None and self.size:
+            os.fdatasync(self._file.fileno())
         self.index.flush()
 
     def close(self) -> None:
@@ -283,8 +250,6 @@ class LogSegment:
     def delete(self) -> None:
         """Unlink the files. Open slices keep the data readable until they are dropped."""
         self.appendable = False
-        if self._region is not None:
-            self._region.close()  # nothing more is reserved or populated in a deleted file
         self.index.close()
         for path in (self.path, self.index.offset_path, self.index.time_path):
             path.unlink(missing_ok=True)
@@ -300,13 +265,9 @@ class LogSegment:
         self._release_map()
         if length:
             self._mm = file_map.map_file(self._file.fileno(), length)  # no fd of its own
-            self._region = prefault.MappedRegion(self._mm, self._file.fileno())
         self._mapped = length
 
     def _release_map(self) -> None:
-        if self._region is not None:
-            self._region.close()  # no background populate of this map from here on
-            self._region = None
         if self._mm is not None:
             try:
                 self._mm.close()
@@ -322,81 +283,40 @@ class LogSegment:
 
     def append_batch(self, data, start: int, header: rb.BatchHeader, base_offset: int,
                      leader_epoch: int) -> None:  # fmt: skip
-        """Write the batch at data[start:start+size] with the given base offset and epoch."""
-        assert self.appendable and self._mm is not None
+        """Write the batch at data[start:start+size] with the given base offset and epoch.
+
+        Raises LogDirectoryFullError, with nothing of the batch left in the file, when its
+        filesystem has no room."""
+        assert self.appendable
         size = header.size
         position = self.size
         end = position + size
         assert end <= self.capacity
-        # Reserve first (these raise LogDirectoryFullError, with nothing written).
-        if end > self._region.reserved:
-            self._reserve(end)
         if self.index.count >= self.index.reserved_entries:
-            self._reserve_index()
-        if end + (self._chunk >> 1) > self._prefaulted:
-            self._prefault_ahead(end)
-        mm = self._mm
-        mm[position + rb.LOG_OVERHEAD : end] = data[start + rb.LOG_OVERHEAD : start + size]
-        rb.set_partition_leader_epoch(mm, position, leader_epoch)
-        rb._OFFSET_AND_LENGTH.pack_into(mm, position, base_offset, header.batch_length)
+            self._reserve_index()  # raises LogDirectoryFullError, with nothing written
+        fd = self._file.fileno()
+        try:
+            with memoryview(data) as view:  # a slice of the view: no copy of the bytes
+                _write_fully(fd, view[start + HEAD_BYTES : start + size], position + HEAD_BYTES)
+            _write_fully(fd, _HEAD.pack(base_offset, header.batch_length, leader_epoch),
+                         position)  # fmt: skip
+        except OSError as e:
+            self._cut_failed_write(position)
+            error = reservation.full_error(e, self.path.parent, size,
+                                           f"writing a batch to {self.path.name}")  # fmt: skip
+            if error is None:
+                raise
+            raise error from None
         self.index.append(base_offset - self.base_offset, position, header.max_timestamp)
         self.size = end
         self.next_offset = base_offset + header.last_offset_delta + 1
 
-    def _next_chunk(self) -> int:
-        """The next prefault chunk's size: FIRST_CHUNK_BYTES, then twice the last one, up to
-        `prefault_bytes`."""
-        self._chunk = min(self.prefault_bytes, 2 * self._chunk or FIRST_CHUNK_BYTES)
-        return self._chunk
-
-    def _prefault_ahead(self, end: int) -> None:
-        """New, or past half of the last chunk: have the prefault thread reserve and populate
-        the next chunk, from the last page asked for or, when the writer got ahead of it, from
-        the writer's own page (the copy faults in what lies below)."""
-        if not self.prefault_bytes:
-            return  # nothing prefaulted: every page is faulted in by the copy
-        if not prefault.AVAILABLE:
-            self._prefault(end)
-            return
-        start = max(self._prefaulted, end)
-        stop = min(self._mapped, _page_up(start + self._next_chunk()))
-        start &= ~(PAGE - 1)
-        if stop > start:
-            prefault.PREFAULTER.request(self._region, start, stop)
-            self._prefaulted = stop
-
-    def _reserve(self, needed: int, wanted: int = 0) -> None:
-        """Reserve from the watermark up to `needed` at least (page-rounded): up to `wanted`
-        when that fits, else only what `needed` takes. The writer passes no `wanted`: a chunk
-        reserved on the event loop is the cost the prefault thread is there to take."""
-        region = self._region
-        start = region.reserved
-        minimum = min(self.capacity, _page_up(needed))
-        for stop in dict.fromkeys((min(self.capacity, _page_up(max(needed, wanted))), minimum)):
-            try:
-                reserved = reservation.reserve(self._file.fileno(), start, stop)
-            except OSError as e:
-                if stop > minimum and e.errno in reservation.FULL_ERRNOS:
-                    continue  # maybe the batch alone still fits
-                error = reservation.full_error(e, self.path.parent, minimum - start,
-                                               f"reserving space in {self.path.name}")  # fmt: skip
-                if error is None:
-                    raise
-                raise error from None
-            if not reserved:
-                self._write_unreserved()
-                return
-            region.note_reserved(start, stop)
-            return
-
-    def _write_unreserved(self) -> None:
-        """The filesystem cannot reserve (no fallocate): write as before, unprotected."""
-        device = os.fstat(self._file.fileno()).st_dev
-        if device not in _warned_unreservable:
-            _warned_unreservable.add(device)
-            log.warning("the filesystem of %s cannot reserve space (no fallocate): a full "
-                        "filesystem there kills the broker with SIGBUS", self.path.parent)  # fmt: skip
-        self._region.note_reserved(self._region.reserved, self.capacity)
+    def _cut_failed_write(self, position: int) -> None:
+        """Remove what a failed append wrote from `position` on (the file ends at its capacity
+        again, as a hole): a torn tail past `size` must read as zeros."""
+        fd = self._file.fileno()
+        os.ftruncate(fd, position)
+        os.ftruncate(fd, self.capacity)
 
     def _reserve_index(self) -> None:
         try:
@@ -407,25 +327,6 @@ class LogSegment:
             if error is None:
                 raise
             raise error from None
-
-    def _prefault(self, needed: int) -> None:
-        """Kernels before 5.14 (no MADV_POPULATE_WRITE for the thread): reserve and populate
-        the next chunk on the caller's thread, by touching its pages (only what is reserved)."""
-        start = self._prefaulted & ~(PAGE - 1)
-        stop = min(self._mapped, _page_up(max(needed, start + self._next_chunk())))
-        if stop > self._region.reserved:
-            self._reserve(needed, stop)
-        stop = min(stop, self._region.reserved)
-        if stop <= start:
-            return
-        try:
-            self._mm.madvise(MADV_POPULATE_WRITE, start, stop - start)
-        except OSError:
-            # Fault the pages in by writing to each one (it holds zeros or the tail of our own
-            # data, so rewrite what is there).
-            for page in range(start, stop, PAGE):
-                self._mm[page] = self._mm[page]
-        self._prefaulted = max(self._prefaulted, stop)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -446,17 +347,10 @@ class LogSegment:
         """Drop the bytes from `position` on (the file is cut, then regrown as zeros)."""
         assert 0 <= position <= self.size
         fd = self._file.fileno()
-        region = self._region
-        if region is None:  # an empty file, never mapped (so never appendable)
-            os.ftruncate(fd, position)
-        else:
-            with region.lock:  # no reservation in flight may count the blocks freed here
-                os.ftruncate(fd, position)
-                if self.appendable:
-                    os.ftruncate(fd, self.capacity)
-                region.cut_reserved(position)
+        os.ftruncate(fd, position)
+        if self.appendable:
+            os.ftruncate(fd, self.capacity)
         self.size = position
-        self._prefaulted = min(self._prefaulted, position)
 
     def _first_batch_cut_at(self, offset: int) -> int:
         """The index of the first batch a cut at `offset` removes."""
@@ -516,3 +410,13 @@ def zeros_only(fd: int, mapping, start: int, stop: int) -> bool:
             return False
         position = hole
     return True
+
+
+def _write_fully(fd: int, data, position: int) -> None:
+    """pwrite all of `data` at `position` (a regular file writes short only when it runs out
+    of space; the next call then says why)."""
+    written = os.pwrite(fd, data, position)
+    if written < len(data):
+        with memoryview(data) as view:
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], position + written)

@@ -1,14 +1,12 @@
 """WorkThread: one daemon thread doing queued work in order, off the event loop.
 
-The storage engine's background jobs (prefault.py populating a segment's next pages,
-reclaim.py freeing a deleted segment's) share this shape: the thread starts on the first
-submission, items are done in the order submitted, `idle` waits until everything submitted so
+The storage engine's background job (reclaim.py freeing a deleted segment's pages) has this
+shape: the thread starts on the first submission, items are done in the order submitted, `idle` waits until everything submitted so
 far is done (tests), and a forked child starts without the parent's thread or queue (the items
 queued in the parent stay the parent's). A subclass says what one item is in `work`.
 
-Bound: one queue item per submission not yet done; the submitters' own bounds (a segment asks
-for a chunk when made appendable and then one per chunk written, a deleted segment is released
-once) keep it to about one item per active segment.
+Bound: one queue item per submission not yet done; the submitter's own bound (a deleted
+segment is released once) keeps it to one item per deleted segment not yet released.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def batch_checksum(records) -> int:
 
 
 def config(segment_bytes: int) -> LogConfig:
-    return LogConfig(segment_bytes=segment_bytes, segment_index_bytes=8 * 16, prefault_bytes=4096,
+    return LogConfig(segment_bytes=segment_bytes, segment_index_bytes=8 * 16,
                      retention_bytes=8 * segment_bytes, retention_ms=-1)  # fmt: skip
 
 

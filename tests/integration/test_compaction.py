@@ -214,13 +214,12 @@ def test_a_coordinator_loads_committed_offsets_from_a_compacted_log(cluster):
 
 # -- kill -9 during a cleaning --------------------------------------------------------------------
 
-CONFIG = LogConfig(segment_bytes=64 * 1024, segment_index_bytes=1 << 16, prefault_bytes=4096)
+CONFIG = LogConfig(segment_bytes=64 * 1024, segment_index_bytes=1 << 16)
 NOW_MS = 10**13
 VICTIM = """
 import sys
 from localcluster.storage import Log, LogConfig, cleaner
-lg = Log.open(sys.argv[1], LogConfig(segment_bytes=64 * 1024, segment_index_bytes=1 << 16,
-                                     prefault_bytes=4096))
+lg = Log.open(sys.argv[1], LogConfig(segment_bytes=64 * 1024, segment_index_bytes=1 << 16))
 print("ready", flush=True)
 cleaner.clean_log(lg, None, cleaner.CleanerSettings(0, 0, 0.0), int(sys.argv[2]))
 print("done", flush=True)

@@ -31,7 +31,7 @@ from localcluster.storage import record_batch as rb
 from localcluster.storage.log import CLEAN_SHUTDOWN
 from tests.helpers import check_indexes_agree, scan_log
 
-CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=800, prefault_bytes=4096)
+CONFIG = LogConfig(segment_bytes=2048, segment_index_bytes=800)
 
 
 def build(directory, batches=60, clean=True):

@@ -245,7 +245,7 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
 
 # -- deterministic torn writes ------------------------------------------------------------------
 
-CONFIG = LogConfig(segment_bytes=8192, segment_index_bytes=800, prefault_bytes=4096)
+CONFIG = LogConfig(segment_bytes=8192, segment_index_bytes=800)
 
 
 def crashed_log(directory: Path, n: int = 5) -> tuple[Path, int, list[Batch]]:

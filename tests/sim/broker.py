@@ -136,8 +136,7 @@ class SimBroker(ReplicaHost):
         super().__init__(broker_id, replica_config(broker),
                          LogManager(directory, directory,
                                     lambda topic: replace(log_config(topic or defaults,
-                                                                     broker.log_index_size_max_bytes),
-                                                          prefault_bytes=0),
+                                                                     broker.log_index_size_max_bytes)),
                                     clock.now_ms, broker.producer_id_expiration_ms))  # fmt: skip
         self.config, self.clock, self.send, self.trace = config, clock, send, trace
         self.observer = observer

@@ -30,7 +30,7 @@ def _docs(tmp_path, peers):
             "e2e": {"records_per_s": 5e5, "produce_latency_ms": e2e_latency, "e2e_latency_ms": e2e_latency,
                     "missing_batches": 0, "duplicate_batches": 0}}]},
         "commit": {"raw_three_copy": {"bytes": 600_000_000, "seconds": 1.0}},
-        "storage": {"append": [{"batch": "16 KiB", "variant": "raw copy, prefault ahead", "filesystem": "shm",
+        "storage": {"append": [{"batch": "16 KiB", "variant": "raw write, fresh pages", "filesystem": "shm",
                                 "mb_per_s": 1000.0}]},
         "peers": {"peers": peers},
     }  # fmt: skip

@@ -35,7 +35,7 @@ def test_a_map_keeps_no_descriptor_and_closes_none(tmp_path):
 
 @pytest.mark.skipif(file_map.FDS_PER_MAP, reason="this Python's mmap layout is unknown")
 def test_a_log_holds_one_descriptor_per_segment(tmp_path):
-    config = LogConfig(segment_bytes=4096, prefault_bytes=4096)
+    config = LogConfig(segment_bytes=4096)
     batch = encode_batch([Record(b"v" * 1000, timestamp=1000)])
     before = open_fds()
     logs = [Log.open(tmp_path / f"t-{i}", config) for i in range(40)]

@@ -26,7 +26,6 @@ from localcluster.storage import (
     encode_batch,
     iter_batches,
     iter_records,
-    prefault,
     validate_batch,
 )
 from localcluster.storage import log as log_module
@@ -35,7 +34,7 @@ from localcluster.storage.segment import LogSegment
 from tests.helpers import check_indexes_agree, scan_log
 from tests.unit.test_segment import install_fake_full_disk
 
-SMALL = LogConfig(segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096)
+SMALL = LogConfig(segment_bytes=1024, segment_index_bytes=80)
 
 
 def batch(n=1, size=20, ts=1000, tag=b"v", epoch=-1, base_offset=0):
@@ -114,7 +113,7 @@ def test_record_batch_too_large(log):
 
 
 def test_rolls_at_segment_bytes_and_index_entries(tmp_path):
-    config = LogConfig(segment_bytes=4096, segment_index_bytes=24, prefault_bytes=4096)
+    config = LogConfig(segment_bytes=4096, segment_index_bytes=24)
     log = Log.open(tmp_path, config)
     for _ in range(7):
         log.append(batch(2, size=10), 0)
@@ -146,8 +145,7 @@ def test_explicit_roll(log):
 
 
 def test_roll_of_an_empty_active_segment_changes_nothing(tmp_path):
-    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
-                       prefault_bytes=4096)  # fmt: skip
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0)  # fmt: skip
     log = Log.open(tmp_path, config)
     log.append(batch(), 0)
     log.roll()
@@ -170,9 +168,7 @@ def test_follower_append_drops_only_stale_epochs_that_start_at_the_log_end(tmp_p
     epoch 0 and moves its start to the log end; the leader's next batch continues epoch 0 after a
     gap. Epoch 0 still starts at 1, as in Kafka, whereas an epoch above the leader's, started at
     the log end by a leader that wrote nothing, goes."""
-    config = LogConfig(
-        segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096, retention_ms=400
-    )
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_ms=400)
     log = Log.open(tmp_path / "t-0", config)
     try:
         log.append_as_follower(batch(1, epoch=0, base_offset=0))
@@ -281,8 +277,7 @@ def test_read_result_sendfile_matches_view(log):
 
 
 def test_slice_survives_segment_deletion(tmp_path):
-    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
-                       prefault_bytes=4096)  # fmt: skip
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0)  # fmt: skip
     log = Log.open(tmp_path, config)
     fill(log, [(1, 300)] * 6)
     result = log.read(0, 100_000)
@@ -441,7 +436,7 @@ def test_truncate_fully_and_start_at(log):
 
 def test_retention_by_bytes(tmp_path):
     config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=2500,
-                       retention_ms=-1, prefault_bytes=4096)  # fmt: skip
+                       retention_ms=-1)  # fmt: skip
     log = Log.open(tmp_path, config)
     fill(log, [(1, 300)] * 15)
     sizes = [s.size for s in log.segments]
@@ -462,8 +457,7 @@ def test_retention_by_bytes(tmp_path):
 
 
 def test_retention_by_time_and_high_watermark(tmp_path):
-    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_ms=500,
-                       prefault_bytes=4096)  # fmt: skip
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_ms=500)  # fmt: skip
     log = Log.open(tmp_path, config)
     fill(log, [(1, 300)] * 12)  # batch i has timestamp 1000 * i
     bases = [s.base_offset for s in log.segments]
@@ -483,8 +477,7 @@ def test_retention_by_time_and_high_watermark(tmp_path):
 
 
 def test_retention_never_passes_the_high_watermark(tmp_path):
-    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
-                       prefault_bytes=4096)  # fmt: skip
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0)  # fmt: skip
     log = Log.open(tmp_path, config)
     fill(log, [(1, 300)] * 12)
     bases = [s.base_offset for s in log.segments]
@@ -500,8 +493,7 @@ def test_retention_never_passes_the_high_watermark(tmp_path):
 
 
 def test_epoch_cache_follows_appends_truncation_and_retention(tmp_path):
-    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0,
-                       prefault_bytes=4096)  # fmt: skip
+    config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=0)  # fmt: skip
     log = Log.open(tmp_path, config)
     for epoch in (0, 0, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5):
         log.append(batch(1, size=300), epoch)
@@ -571,7 +563,7 @@ def test_unclean_reopen_recovers_from_the_recovery_point(tmp_path, monkeypatch):
 
 
 def test_reopen_with_smaller_segment_bytes_keeps_data(tmp_path):
-    log = Log.open(tmp_path, LogConfig(segment_bytes=8192, prefault_bytes=4096))
+    log = Log.open(tmp_path, LogConfig(segment_bytes=8192))
     fill(log, [(1, 200)] * 12)
     before = values(log)
     log.close()
@@ -594,7 +586,7 @@ def test_config_bounds():
 
 
 def test_offsets_beyond_int32_relative_range_roll_a_new_segment(tmp_path):
-    log = Log.open(tmp_path, LogConfig(segment_bytes=1 << 16, prefault_bytes=4096))
+    log = Log.open(tmp_path, LogConfig(segment_bytes=1 << 16))
     try:
         log.append_as_follower(batch(2, base_offset=0))
         far = 2**31 + 5  # relative to segment 0 this no longer fits the index's int32
@@ -607,7 +599,7 @@ def test_offsets_beyond_int32_relative_range_roll_a_new_segment(tmp_path):
         assert [h.base_offset for _, h in iter_batches(log.read(1, 10_000).tobytes())] == [0]
         check_indexes_agree(log)
         log.close()
-        log = Log.open(tmp_path, LogConfig(segment_bytes=1 << 16, prefault_bytes=4096))
+        log = Log.open(tmp_path, LogConfig(segment_bytes=1 << 16))
         assert [s.base_offset for s in log.segments] == [0, far] and log.cuts == []
         check_indexes_agree(log)
         log.truncate_fully_and_start_at(2**40)
@@ -624,12 +616,10 @@ def test_offsets_beyond_int32_relative_range_roll_a_new_segment(tmp_path):
 @pytest.fixture
 def disk(monkeypatch):
     """A filesystem that is full on demand (test_segment.FakeFullDisk)."""
-    prefault.PREFAULTER.idle()  # no first chunk of an earlier test's segment reaches the fake
-    yield install_fake_full_disk(monkeypatch)
-    prefault.PREFAULTER.idle()
+    return install_fake_full_disk(monkeypatch)
 
 
-FULL_TEST_CONFIG = LogConfig(segment_bytes=16384, segment_index_bytes=800, prefault_bytes=4096)
+FULL_TEST_CONFIG = LogConfig(segment_bytes=16384, segment_index_bytes=800)
 
 
 def fill_until_full(log, size=300, epoch=0, limit=1000):
@@ -647,7 +637,7 @@ def test_an_append_without_space_raises_logs_once_and_changes_nothing(tmp_path, 
     log.append(batch(1, size=300), 0)
     disk.full = True
     with caplog.at_level("INFO", logger=log_module.__name__):
-        appended = fill_until_full(log)  # what the reserved chunk still held went in
+        appended = fill_until_full(log)  # none: the filesystem has no room at all
         before = values(log)
         end, sizes = log.log_end_offset, [s.size for s in log.segments]
         for _ in range(3):
@@ -683,7 +673,7 @@ def test_an_append_that_rolls_into_a_segment_without_space_is_undone_whole(tmp_p
         log.append(records, 0)
     assert values(log) == before and log.log_end_offset == end
     assert len(log.segments) == segments and log.active_segment.size > 0
-    assert any(not ok for name, *_, ok in disk.calls if name != disk.spare)  # it did roll
+    assert any(name != disk.spare for name, *_ in disk.writes)  # it did roll
     check_indexes_agree(log)
     disk.full = False
     info = log.append(records, 0)
@@ -703,8 +693,7 @@ def test_a_follower_append_without_space_is_undone_and_its_epochs_too(tmp_path, 
     fetched = b"".join(s.tobytes() for s in leader.read(0, 1 << 20).slices)
     follower = Log.open(tmp_path / "follower", FULL_TEST_CONFIG)
     disk.full = True
-    # The follower's first chunk may or may not be reserved yet (the prefault thread's): with
-    # no space past it, the append fails part way and what of it went in is removed again.
+    # The follower's first segment gets no space: the append fails and nothing of it stays.
     with pytest.raises(LogDirectoryFullError):
         follower.append_as_follower(fetched)
     assert follower.log_end_offset == 0 and values(follower) == []
@@ -808,7 +797,7 @@ def in_child(tmp_path, work) -> dict:
 def test_a_real_full_tmpfs_is_an_error_not_sigbus_and_recovery_reads_no_hole(tmp_path,
                                                                              small_tmpfs):  # fmt: skip
     directory = small_tmpfs / "t-0"
-    config = LogConfig(segment_bytes=256 << 10, segment_index_bytes=8000, prefault_bytes=64 << 10)
+    config = LogConfig(segment_bytes=256 << 10, segment_index_bytes=8000)
     filler = small_tmpfs / "filler"
 
     def fill():
@@ -843,8 +832,7 @@ def test_a_real_full_tmpfs_is_an_error_not_sigbus_and_recovery_reads_no_hole(tmp
 
 
 def test_segment_ms_rolls_at_an_append_or_the_retention_check(tmp_path):
-    config = LogConfig(segment_bytes=1 << 16, segment_index_bytes=4096, segment_ms=1500,
-                       prefault_bytes=4096)  # fmt: skip
+    config = LogConfig(segment_bytes=1 << 16, segment_index_bytes=4096, segment_ms=1500)  # fmt: skip
     log = Log.open(tmp_path, config)
     fill(log, [(1, 10)] * 3)  # timestamps 0, 1000, 2000: the third is 2000 ms after the first
     assert [s.base_offset for s in log.segments] == [0, 2]

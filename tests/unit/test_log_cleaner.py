@@ -29,7 +29,7 @@ from localcluster.storage import (
 from localcluster.storage import record_batch as rb
 from tests.helpers import check_indexes_agree, scan_log
 
-CONFIG = LogConfig(segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096)
+CONFIG = LogConfig(segment_bytes=1024, segment_index_bytes=80)
 RETENTION_MS = 50
 
 

@@ -33,7 +33,7 @@ from localcluster.storage import record_batch as rb
 from tests.helpers import check_indexes_agree, scan_log
 
 CONFIG = LogConfig(segment_bytes=700, segment_index_bytes=32, retention_bytes=1600,
-                   retention_ms=400, prefault_bytes=4096)  # fmt: skip
+                   retention_ms=400)  # fmt: skip
 MAX_ENTRIES = CONFIG.max_index_entries  # 4
 
 

@@ -37,7 +37,7 @@ from localcluster.storage.producer_state import (
 )
 
 PID = 1000
-SMALL = LogConfig(segment_bytes=1024, segment_index_bytes=80, prefault_bytes=4096)
+SMALL = LogConfig(segment_bytes=1024, segment_index_bytes=80)
 
 
 def batch(pid=PID, epoch=0, seq=0, n=1, ts=1000, base_offset=0, attributes=0) -> bytes:
@@ -445,7 +445,7 @@ def test_snapshots_above_the_log_end_are_deleted_on_load(lg):
 def test_snapshots_below_the_log_start_are_deleted_on_load(tmp_path):
     # A crash between retention deleting segments and truncate_head leaves such files.
     config = LogConfig(segment_bytes=1024, segment_index_bytes=80, retention_bytes=1,
-                       retention_ms=-1, prefault_bytes=4096)  # fmt: skip
+                       retention_ms=-1)  # fmt: skip
     lg = Log.open(tmp_path / "t-0", config)
     manager = ProducerStateManager.open(lg, now_ms=0)
     fill(lg, manager, rounds=2)
@@ -493,8 +493,7 @@ def test_truncate_fully_and_start_at_forgets_everything(lg):
 
 def test_truncate_head_deletes_older_snapshots_and_keeps_producers(tmp_path):
     lg = Log.open(tmp_path / "t-0", LogConfig(segment_bytes=1024, segment_index_bytes=80,
-                                              retention_bytes=1, retention_ms=-1,
-                                              prefault_bytes=4096))  # fmt: skip
+                                              retention_bytes=1, retention_ms=-1))  # fmt: skip
     manager = ProducerStateManager.open(lg, now_ms=0)
     for pid in (1, 2, 3):
         fill(lg, manager, producers=(pid,), rounds=4)

@@ -37,7 +37,7 @@ from localcluster.storage.producer_state import (
 )
 
 CONFIG = LogConfig(segment_bytes=600, segment_index_bytes=48, retention_bytes=600,
-                   retention_ms=-1, prefault_bytes=4096)  # fmt: skip
+                   retention_ms=-1)  # fmt: skip
 EXPIRATION_MS = 400
 SEQ_SPACE = 2**31
 PRODUCER_IDS = (1, 2, 3, 4)

@@ -16,7 +16,7 @@ DEADLINE_S = 10.0
 
 
 def segment_with_data(tmp_path):
-    segment = LogSegment.create(tmp_path, 0, 64 * 1024, 128, 8192)
+    segment = LogSegment.create(tmp_path, 0, 64 * 1024, 128)
     data = encode_batch([Record(b"x" * 100, timestamp=1000 + i) for i in range(5)])
     segment.append_batch(memoryview(data), 0, validate_batch(data), 0, 0)
     return segment, data
@@ -81,3 +81,16 @@ def test_a_view_still_exported_leaves_the_map_to_the_view(tmp_path):
     assert bytes(view[16:]) == data[16:]
     view.release()
     mm.close()
+
+
+def test_a_forked_child_gets_its_own_reclaim_thread():
+    import os
+
+    RECLAIMER.release(None, None)
+    assert RECLAIMER.idle(DEADLINE_S)  # the parent's thread runs
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's thread is gone, a submission must start a new one
+        RECLAIMER.release(None, None)
+        os._exit(0 if RECLAIMER.idle(5) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
