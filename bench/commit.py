@@ -18,7 +18,11 @@ What is measured, in one run:
   the batch was due (rate-limited: its slot on the schedule, so a stall is not hidden by the
   sender waiting; full speed: the send_batch call) to its acknowledgement, in an
   HdrHistogram per process, merged. records/s counts acknowledged records over the timed
-  window (first send to last acknowledgement).
+  window (first send to last acknowledgement). A run ends after its seconds or after
+  RUN_RECORDS_MAX records, whichever comes first, and the topic has 64 MiB segments: each run
+  then writes at most 6 GB to the machine's /dev/shm and the DeleteRecords after it frees all
+  of it but the active segments, which keeps every run below the ~12 GB past which this VM
+  allocates pages 7x slower (bench/README.md).
 - first, untimed: WARM_UP_S of acks=all on each fresh cluster (without it the runs after the
   first timed one measured 12-51% above it in 5 of 6 quick runs, whatever their transport).
 - transports (issue 13), each an acks=all full-speed run beside the one above, with its ratio
@@ -83,6 +87,12 @@ MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
 GOAL_P99_MS = 5.0
 WARM_UP_S = 1.0  # an untimed acks=all run on each fresh cluster first (see bench/README.md)
+# What one run may write: every byte lands on three brokers' /dev/shm, and on the 2-core VM
+# the kernel allocates pages 7x slower once ~12 GB of them are in use (bench/README.md,
+# "Writing segments with pwrite"); 20M records of 100 bytes are 6 GB on the machine.
+RUN_RECORDS_MAX = 20_000_000
+# Small segments, so the DeleteRecords after each run frees all but the active one's pages.
+SEGMENT_BYTES = 64 << 20
 GOAL_TCP_RATIO = 0.8  # issue 13: replication over TCP vs the Unix sockets
 GOAL_IDEMPOTENT_RATIO = 0.95  # issue 14: enable.idempotence=true vs false, acks=all
 IDEMPOTENT = {"enable.idempotence": "true"}
@@ -253,9 +263,11 @@ def plot(runs: list[dict], path: Path, title: str) -> Path | None:
 
 
 def start_cluster(cluster: Cluster, partitions: int) -> dict[int, int]:
-    """Three brokers, the topic (RF 3, min.insync.replicas 2) with full ISRs; its leaders."""
+    """Three brokers, the topic (RF 3, min.insync.replicas 2, 64 MiB segments) with full ISRs;
+    its leaders."""
     cluster.start(BROKERS)
-    create_topic(cluster.bootstrap, TOPIC, partitions, 3, {"min.insync.replicas": "2"})
+    create_topic(cluster.bootstrap, TOPIC, partitions, 3,
+                 {"min.insync.replicas": "2", "segment.bytes": str(SEGMENT_BYTES)})  # fmt: skip
     cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
                                    for p in range(partitions)), 30, "full ISRs")  # fmt: skip
     return {p: cluster.partition_state(TOPIC, p).leader for p in range(partitions)}
@@ -429,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         def job(on: Cluster, bootstrap: str | None = None, **extra) -> dict:
             return dict(client="own", bootstrap=bootstrap or on.bootstrap, topic=TOPIC,
                         partitions=list(range(args.partitions)), record_size=RECORD_VALUE_BYTES,
-                        seconds=run_s, outstanding=args.outstanding,
+                        seconds=run_s, records=RUN_RECORDS_MAX, outstanding=args.outstanding,
                         cpu_of={f"broker {b.broker_id}": b.pid for b in on.brokers.values()}, **extra)  # fmt: skip
 
         def settle(on: Cluster) -> None:
