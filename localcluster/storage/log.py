@@ -587,7 +587,7 @@ class Log:
     # -- durability ---------------------------------------------------------------------------
 
     def flush(self) -> int:
-        """msync every segment the recovery point has not passed; returns the new point."""
+        """fdatasync every segment the recovery point has not passed; returns the new point."""
         end = self.log_end_offset
         k = max(bisect.bisect_right(self._bases, self.recovery_point) - 1, 0)
         for segment in self._segments[k:]:
