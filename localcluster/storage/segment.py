@@ -301,7 +301,7 @@ class LogSegment:
             _write_fully(fd, _HEAD.pack(base_offset, header.batch_length, leader_epoch),
                          position)  # fmt: skip
         except OSError as e:
-            self._cut_failed_write(position)
+            self.truncate_to_position(position)  # a torn tail past `size` must read as zeros
             error = reservation.full_error(e, self.path.parent, size,
                                            f"writing a batch to {self.path.name}")  # fmt: skip
             if error is None:
@@ -310,13 +310,6 @@ class LogSegment:
         self.index.append(base_offset - self.base_offset, position, header.max_timestamp)
         self.size = end
         self.next_offset = base_offset + header.last_offset_delta + 1
-
-    def _cut_failed_write(self, position: int) -> None:
-        """Remove what a failed append wrote from `position` on (the file ends at its capacity
-        again, as a hole): a torn tail past `size` must read as zeros."""
-        fd = self._file.fileno()
-        os.ftruncate(fd, position)
-        os.ftruncate(fd, self.capacity)
 
     def _reserve_index(self) -> None:
         try:
