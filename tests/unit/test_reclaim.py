@@ -4,6 +4,7 @@ nothing reads the segment any more; never on the thread that drops it (the event
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -84,8 +85,6 @@ def test_a_view_still_exported_leaves_the_map_to_the_view(tmp_path):
 
 
 def test_a_forked_child_gets_its_own_reclaim_thread():
-    import os
-
     RECLAIMER.release(None, None)
     assert RECLAIMER.idle(DEADLINE_S)  # the parent's thread runs
     pid = os.fork()

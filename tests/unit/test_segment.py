@@ -309,16 +309,24 @@ def test_a_segment_allocates_only_the_pages_its_data_fills(tmp_path):
     segment.close()
 
 
-@pytest.mark.parametrize("room", [0, 100, 5000], ids=["nothing", "a torn head", "most of it"])
-def test_a_full_filesystem_is_an_error_and_nothing_is_left_written(tmp_path, disk, room):
+@pytest.mark.parametrize("torn_at", [0, 100, 5000, -8],
+                         ids=["nothing", "a few tail bytes", "most of the tail", "a torn head"])  # fmt: skip
+def test_a_full_filesystem_is_an_error_and_nothing_is_left_written(tmp_path, disk, torn_at):
     segment = new_segment(tmp_path)
     for offset in range(3):
         put(segment, offset, size=500)
     size, count = segment.size, segment.index.count
-    disk.full, disk.room = True, room
+    batch_bytes = len(encode_batch([Record(bytes([65 + i % 26]) * 600, timestamp=1000 + i)
+                                    for i in range(10)]))  # fmt: skip
+    # The filesystem takes `torn_at` bytes (negative: all but that many) and then has no room:
+    # -8 lets the tail land and tears the 16-byte head that is written last.
+    disk.full, disk.room = True, torn_at if torn_at >= 0 else batch_bytes + torn_at
+    assert disk.room < batch_bytes
     with pytest.raises(LogDirectoryFullError) as failed:
         put(segment, 3, n=10, size=600)
     assert (segment.size, segment.index.count, segment.next_offset) == (size, count, 3)
+    head_tried = (segment.path.name, size, 16) in disk.writes
+    assert head_tried == (torn_at < 0)  # the head is written only once the whole tail landed
     assert str(tmp_path) in str(failed.value) and "bytes free" in str(failed.value)
     assert failed.value.directory == tmp_path and failed.value.free_bytes > 0
     with open(segment.path, "rb") as f:  # what went in of the failed batch was cut again
