@@ -68,18 +68,103 @@ class ConnectionContext:
 Handler = Callable[[memoryview, ConnectionContext], Awaitable[list | None]]
 
 
+class ConnectionWatch:
+    """The event loop's watch on one connection's socket: a reader registered once and kept
+    while the connection waits, for its next request's bytes or for its client to hang up.
+
+    A reader registered for each wait (as `loop.sock_recv_into` does, and as the wait for a
+    hang-up did) cost each broker of a 3-broker cluster 9 epoll_ctl calls per acks=all batch,
+    half of them failing, and a handle each time (bench/README.md, "One watch per
+    connection"). The reader is dropped only when bytes arrive that nobody waits for (the next
+    request of a client that pipelines, read once the current one is answered) and taken up
+    again at the next wait: the loop's readers are level-triggered, and unread bytes would
+    call it back on every pass."""
+
+    __slots__ = ("sock", "gone", "_fd", "_loop", "_watching", "_waiter", "_handling")
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop):
+        self.sock = sock
+        self.gone = False  # the client hung up while a request was being handled
+        self._fd = sock.fileno()
+        self._loop = loop  # the loop serving the connection
+        self._watching = False
+        self._waiter: asyncio.Future | None = None  # a wait for bytes
+        self._handling: asyncio.Task | None = None  # the task to cancel if the client leaves
+
+    async def readable(self) -> None:
+        """Until the socket has bytes to read (or its end)."""
+        self._watch()
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def while_peer_stays(self, handling: Awaitable):
+        """Await a request's handler, but give up when the client hangs up meanwhile: a parked
+        fetch or produce must not hold a departed client's socket for its whole timeout
+        (Kafka's selector drops such a channel at once). The handler runs in the caller's task,
+        so its synchronous part (an append, a read) is carried out before anything else can
+        run: a request already taken is carried out even if its client leaves. Bytes of a
+        pipelined next request stay queued (in the socket, or in the FrameReader)."""
+        self._watch()
+        self._handling = asyncio.current_task(self._loop)
+        try:
+            return await handling
+        except asyncio.CancelledError:
+            if self.gone:
+                raise PeerGoneError(
+                    "the client closed its connection while its request waited"
+                ) from None
+            raise
+        finally:
+            self._handling = None
+
+    def close(self) -> None:
+        """Before the socket is closed: the loop must not poll a closed descriptor."""
+        self._unwatch()
+
+    def _watch(self) -> None:
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._watching = True
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+
+    def _on_readable(self) -> None:
+        if self._waiter is not None:
+            wake(self._waiter)
+            return
+        if self._handling is not None:
+            try:
+                data = self.sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.gone = True
+                self._handling.cancel()
+        self._unwatch()  # unread bytes (or the end) wait for the next read
+
+
 class FrameReader:
     """Request frames off one connection, with as few trips through the event loop as can be.
 
-    A receive is tried on the socket first; only when it would block does the reader wait for
-    the loop (which costs a future and a reader registration each time). Small requests (a
-    follower's fetch, most client requests) come with their size in one receive into a
-    scratch buffer, pipelined ones several at a time; a large one (a produce of a 1 MB batch)
-    gets a buffer of its own that the rest of it is received into."""
+    A receive is tried on the socket first; only when it would block does the reader wait on
+    the connection's watch. Small requests (a follower's fetch, most client requests) come
+    with their size in one receive into a scratch buffer, pipelined ones several at a time; a
+    large one (a produce of a 1 MB batch) gets a buffer of its own that the rest of it is
+    received into."""
 
-    def __init__(self, sock: socket.socket, max_bytes: int):
+    def __init__(self, sock: socket.socket, max_bytes: int, watch: ConnectionWatch):
         self.sock = sock
         self.max_bytes = max_bytes
+        self.watch = watch
         self._scratch = memoryview(bytearray(SCRATCH_BYTES))
         self._start = 0  # unread bytes are [_start, _end)
         self._end = 0
@@ -121,10 +206,11 @@ class FrameReader:
         return n > 0
 
     async def _receive(self, view: memoryview) -> int:
-        try:
-            return self.sock.recv_into(view)
-        except BlockingIOError:
-            return await asyncio.get_running_loop().sock_recv_into(self.sock, view)
+        while True:
+            try:
+                return self.sock.recv_into(view)
+            except BlockingIOError:
+                await self.watch.readable()
 
 
 async def send_parts(loop, sock: socket.socket, parts: list) -> None:
@@ -175,58 +261,20 @@ class PeerGoneError(ConnectionError):
     pass
 
 
-async def _handle_while_peer_stays(loop, sock: socket.socket, handling):
-    """Await a request's handler, but give up when the client hangs up meanwhile: a parked
-    fetch or produce must not hold a departed client's socket for its whole timeout (Kafka's
-    selector drops such a channel at once). Bytes of a pipelined next request stay queued (in
-    the socket, or already in the connection's FrameReader)."""
-    task = loop.create_task(handling)
-    await asyncio.sleep(0)  # the handler's synchronous part (an append, a read) runs first:
-    if task.done():  # a request already taken is carried out even if its client leaves
-        return task.result()
-    fd = sock.fileno()
-    gone = False
-
-    def readable() -> None:
-        nonlocal gone
-        try:
-            data = sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        loop.remove_reader(fd)
-        if not data:
-            gone = True
-            task.cancel()
-
-    loop.add_reader(fd, readable)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if gone:
-            raise PeerGoneError(
-                "the client closed its connection while its request waited"
-            ) from None
-        task.cancel()
-        raise
-    finally:
-        loop.remove_reader(fd)
-
-
 async def serve_connection(
     sock: socket.socket, context: ConnectionContext, handler: Handler, max_bytes: int
 ) -> None:
     loop = asyncio.get_running_loop()
     sock.setblocking(False)
-    frames = FrameReader(sock, max_bytes)
+    watch = ConnectionWatch(sock, loop)
+    frames = FrameReader(sock, max_bytes, watch)
     peer = context.peer
     try:
         while True:
             frame = await frames.read_frame()
             if frame is None:
                 return
-            parts = await _handle_while_peer_stays(loop, sock, handler(frame, context))
+            parts = await watch.while_peer_stays(handler(frame, context))
             if parts is not None:
                 await send_parts(loop, sock, parts)
             if context.close_after_response:
@@ -245,6 +293,7 @@ async def serve_connection(
     except Exception:
         log.exception("closing connection from %s after an unexpected error", peer)
     finally:
+        watch.close()
         sock.close()
 
 

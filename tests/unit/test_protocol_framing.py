@@ -1,6 +1,8 @@
 """Kafka framing as the broker's network layer does it (broker/network.py), over real socket
 pairs: size bounds, EOF before and inside a frame, frames arriving in pieces, responses that
-mix bytes with sendfile'd file slices (including slices larger than the socket buffer)."""
+mix bytes with sendfile'd file slices (including slices larger than the socket buffer), and
+the connection's watch (one reader registration for many requests; a client that hangs up
+while its request waits), on asyncio's own loop and on uvloop's, which the brokers run."""
 
 from __future__ import annotations
 
@@ -11,14 +13,20 @@ import struct
 from dataclasses import dataclass
 
 import pytest
+import uvloop
 
 from localcluster.broker import network
 from localcluster.broker.network import (
     MIN_FRAME_BYTES,
     SENDFILE_CHUNK_BYTES,
+    ConnectionContext,
+    ConnectionWatch,
     FrameError,
     FrameReader,
+    ListenerInfo,
+    PeerGoneError,
     send_parts,
+    serve_connection,
 )
 
 
@@ -44,9 +52,14 @@ _readers: dict[socket.socket, FrameReader] = {}  # one per connection, as the se
 
 
 async def read(sock, max_bytes=1 << 20):
+    """The connection's next frame; its reader (and what it has buffered) carries over from
+    one `run` to the next, each on a loop of its own, which the watch is moved to."""
+    loop = asyncio.get_running_loop()
     reader = _readers.get(sock)
     if reader is None or reader.max_bytes != max_bytes:
-        reader = _readers[sock] = FrameReader(sock, max_bytes)
+        reader = _readers[sock] = FrameReader(sock, max_bytes, ConnectionWatch(sock, loop))
+    elif reader.watch._loop is not loop:
+        reader.watch = ConnectionWatch(sock, loop)
     return await reader.read_frame()
 
 
@@ -222,3 +235,138 @@ def test_a_large_slice_lets_the_loop_run_other_work_between_chunks(pair, tmp_pat
         assert calls == [SENDFILE_CHUNK_BYTES] * 4 and bytes(out) == content
     finally:
         os.close(fd)
+
+
+# -- the connection's watch ---------------------------------------------------------------------
+
+LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def run_on(request):
+    """Runs a coroutine function on one loop, with a deadline."""
+
+    def run_with_deadline(coroutine_function, *args):
+        async def main():
+            return await asyncio.wait_for(coroutine_function(*args), 10)
+
+        return LOOPS[request.param](main())
+
+    return run_with_deadline
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+def test_one_reader_registration_serves_a_connection_of_many_requests(pair, run_on):
+    """The reader is registered when the connection first waits and kept: 50 requests, each
+    answered before the next is sent (as a follower's fetches are), cost one add_reader."""
+    server, client = pair
+    client.setblocking(False)
+    server_fd = server.fileno()  # the connection closes the socket when it ends
+    answered = []
+
+    async def handler(frame, context):
+        answered.append(bytes(frame))
+        return [b"re:" + bytes(frame)]
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        registrations = []
+        add_reader = loop.add_reader
+
+        def counting_add_reader(fd, callback, *args):
+            registrations.append(fd)
+            return add_reader(fd, callback, *args)
+
+        loop.add_reader = counting_add_reader
+        context = ConnectionContext(ListenerInfo("UNIX", "PLAINTEXT", is_unix=True), "test")
+        serving = loop.create_task(serve_connection(server, context, handler, 1 << 20))
+        for i in range(50):
+            body = b"request %03d" % i
+            await loop.sock_sendall(client, _frame(body))
+            response = b""
+            while len(response) < 4 + 3 + len(body):
+                response += await loop.sock_recv(client, 1024)
+            assert response == _frame(b"re:" + body)
+        client.close()
+        await serving
+        return [fd for fd in registrations if fd == server_fd]
+
+    assert run_on(scenario) == [server_fd]
+    assert len(answered) == 50
+
+
+def test_a_client_that_hangs_up_while_its_request_waits_frees_the_connection(pair, run_on):
+    """The waiting handler is cancelled and the wait ends in PeerGoneError; the handler's
+    synchronous part ran first although the client was already gone when it started."""
+    server, client = pair
+    steps = []
+
+    async def waits_forever():
+        steps.append("synchronous part")
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            steps.append("cancelled")
+            raise
+
+    async def scenario():
+        client.close()
+        with pytest.raises(PeerGoneError, match="closed its connection"):
+            await ConnectionWatch(server, asyncio.get_running_loop()).while_peer_stays(
+                waits_forever()
+            )
+
+    run_on(scenario)
+    assert steps == ["synchronous part", "cancelled"]
+
+
+def test_a_pipelined_request_neither_cancels_the_waiting_one_nor_spins_the_loop(pair, run_on):
+    """Bytes of the next request arrive while this one waits: the handler goes on to its
+    answer, the reader is dropped until the next read (an unread, level-triggered socket
+    would call it on every pass) and the next frame is read whole afterwards."""
+    server, client = pair
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        watch = ConnectionWatch(server, loop)
+        answer = loop.create_future()
+        calls = []
+        peek = watch._on_readable
+
+        async def handler():
+            return await answer
+
+        waiting = loop.create_task(watch.while_peer_stays(handler()))
+        await asyncio.sleep(0)
+        loop.remove_reader(server.fileno())  # count the watch's callbacks from here on
+        loop.add_reader(server.fileno(), lambda: (calls.append(1), peek()))
+        client.sendall(_frame(b"the next request"))
+        for _ in range(200):  # loop passes, while the unread bytes stay in the socket
+            await asyncio.sleep(0)
+        answer.set_result("answered")
+        result = await waiting
+        frame = await FrameReader(server, 1 << 20, watch).read_frame()
+        return result, bytes(frame), len(calls)
+
+    result, frame, callbacks = run_on(scenario)
+    assert (result, frame) == ("answered", b"the next request")
+    assert callbacks == 1
+
+
+def test_a_cancellation_from_elsewhere_is_not_taken_for_a_departed_client(pair, run_on):
+    """A listener closing cancels its connections: that stays a cancellation."""
+    server, _client = pair
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        watch = ConnectionWatch(server, loop)
+        waiting = loop.create_task(watch.while_peer_stays(loop.create_future()))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    run_on(scenario)
