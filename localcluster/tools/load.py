@@ -214,14 +214,18 @@ class Pacer:
     Event-loop timers have 1 ms resolution (epoll's timeout is in ms; uvloop also rounds to the
     nearest ms and so fires up to 1 ms early): `asyncio.sleep` paced sends went out early or
     ~0.8 ms late. A thread sleeps with nanosleep instead and wakes the loop through its
-    self-pipe (`call_soon_threadsafe`)."""
+    self-pipe (`call_soon_threadsafe`). The thread asks for 1 ns of timer slack (Linux lets a
+    sleep of a normal thread end up to 50 µs late, to batch wake-ups): the loop then resumed
+    91-110 µs after the due time at p50 instead of 127-143 µs (bench/README.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="pacer", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="pacer", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
+        least_timer_slack()
         while True:
             due, future = self.requests.get()
             while (left := due - time.monotonic()) > 0:
@@ -232,6 +236,20 @@ class Pacer:
         future = self.loop.create_future()
         self.requests.put((due, future))
         return future
+
+
+PR_SET_TIMERSLACK = 29  # linux/prctl.h
+
+
+def least_timer_slack() -> None:
+    """This thread's sleeps end as close to their time as the kernel can (1 ns of slack);
+    nothing where prctl is not there."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 # -- inside a load process ----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""tools/load.py: a paced librdkafka load waits in whole-millisecond polls, never poll(0)."""
+"""tools/load.py: a paced librdkafka load waits in whole-millisecond polls, never poll(0); our
+client's pacer never resumes early and sleeps with 1 ns of timer slack."""
 
 from __future__ import annotations
 
@@ -21,3 +22,27 @@ def test_records_due_while_polling_keep_their_due_time():
     due = schedule.due(3, now=schedule.start)
     assert due == pytest.approx(schedule.start + 0.000_375)
     assert schedule.latency_start(due) == due  # latency counts from the slot, not the send
+
+
+def test_the_pacer_resumes_never_before_its_time_and_sleeps_with_the_least_timer_slack():
+    import asyncio
+    import sys
+    import time
+
+    from localcluster.tools.load import Pacer
+
+    async def scenario():
+        pacer = Pacer(asyncio.get_running_loop())
+        early = []
+        for i in range(20):
+            due = time.monotonic() + 0.002 * (i % 3)
+            await asyncio.wait_for(pacer.until(due), 5)
+            early.append(due - time.monotonic())
+        return pacer, early
+
+    pacer, early = asyncio.run(scenario())
+    assert max(early) <= 0, "resumed before the due time"
+    if sys.platform.startswith("linux"):
+        slack = f"/proc/{pacer.thread.native_id}/timerslack_ns"  # a thread id works here too
+        with open(slack) as f:
+            assert int(f.read()) == 1  # the kernel's default for a thread is 50,000 ns
