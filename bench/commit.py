@@ -39,6 +39,10 @@ What is measured, in one run:
   per record fitted to `per record + per batch / records per batch` (which of the two costs a
   bigger batch saves); and the floor: 16 KiB batches at 100 batches/s, the commit's latency on
   a cluster with nothing else to do.
+- the machine's latency floor (issue 19), after the clusters stopped: a bare chain (producer ->
+  leader -> two followers -> leader over Unix socketpairs, each process pwrite-ing the batch into
+  fresh /dev/shm pages and doing nothing else) at the floor run's batch size and rate and at the
+  best batch.size's half rate, beside the brokers' latency in those runs (`raw_chain_latency`).
 - CPU: each broker's CPU seconds from /proc/<pid>/stat over the timed window, and each load
   process's own (os.times), shown in cores (1.00 = one core busy all the time).
 
@@ -82,6 +86,7 @@ from bench.common import MB, print_goals, print_note, print_table, write_results
 from bench.load import BATCH_BYTES, LoadPool, batch_records_for
 from bench.plots import percentile_spectrum
 from localcluster.client import Admin
+from localcluster.client.frames import widen_send_buffer
 
 MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
@@ -108,6 +113,7 @@ GOAL_SCALED_PIPE_FRACTION = 0.22
 GOAL_SCALED_P99_MS = 2.0
 FLOOR_BATCH_BYTES = 16 << 10
 FLOOR_BATCHES_PER_S = 100
+CHAIN_SECONDS_MAX = 5.0  # each bare-chain run (the machine's latency floor): at most this long
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,123 @@ def raw_three_copy(batch: bytes, records_per_batch: int, total_bytes: int) -> di
         shutil.rmtree(directory, ignore_errors=True)
 
 
+# -- the bare chain's latency: the machine's floor under one batch --------------------------------
+
+FRAME = struct.Struct(">i")
+
+
+def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("peer closed early")
+        got += n
+
+
+class _ChainLog:
+    """What a chain process keeps of each frame: a pwrite at the end of a /dev/shm file, into
+    fresh pages, as the brokers' segments are written. Nothing is freed until the run ends:
+    a file rolled every 64 MiB and freed on a thread (as the brokers' retention and reclaim
+    thread do) took the chain's 1 MB batches from 2.7-6.5 to 7.5-9.2 ms p99 at 100/s."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.position = 0
+
+    def append(self, data: memoryview) -> None:
+        self.position += os.pwrite(self.fd, data, self.position)
+
+
+def _chain_receive(sock: socket.socket, buffer: memoryview) -> memoryview:
+    head = bytearray(FRAME.size)
+    _recv_exactly(sock, memoryview(head))
+    body = buffer[: FRAME.unpack(head)[0]]
+    _recv_exactly(sock, body)
+    return body
+
+
+def _chain_follower(
+    directory: Path, name: str, upstream: socket.socket, largest: int, ready
+) -> None:
+    log, buffer = _ChainLog(directory / name), memoryview(bytearray(largest))
+    ready.set()
+    while True:
+        body = _chain_receive(upstream, buffer)
+        log.append(body)
+        upstream.sendall(ACK.pack(len(body)))
+
+
+def _chain_leader(directory: Path, producer: socket.socket, followers: list[socket.socket],
+                  largest: int, ready) -> None:  # fmt: skip
+    log, buffer = _ChainLog(directory / "leader.log"), memoryview(bytearray(largest))
+    ready.set()
+    while True:
+        body = _chain_receive(producer, buffer)
+        log.append(body)
+        head = FRAME.pack(len(body))
+        for follower in followers:
+            follower.sendall(head)
+            follower.sendall(body)
+        for follower in followers:
+            _read_ack(follower)
+        producer.sendall(ACK.pack(len(body)))
+
+
+def raw_chain_latency(batch: bytes, batches_per_s: float, seconds: float) -> dict:
+    """A floor for the commit of one batch on this machine: producer (this process) -> leader ->
+    two followers -> leader -> producer over Unix socketpairs, one batch at a time on a
+    schedule, each process receiving into a preallocated buffer and pwrite-ing the batch into
+    fresh pages of a /dev/shm file (as the brokers' segments are written) before passing it on
+    or acknowledging it: no parsing, no event loop, no log index. Latency from when a batch was
+    due, as the load measures it. Returns the count and percentiles in ms."""
+    import numpy as np
+
+    from localcluster.tools.load import least_timer_slack
+
+    count = max(1, int(batches_per_s * seconds))
+    directory = Path(tempfile.mkdtemp(prefix="bench-commit-chain-", dir="/dev/shm"))
+    ctx = multiprocessing.get_context("fork")
+    workers, sockets = [], []
+    try:
+        to_leader, leader_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+        sockets = [to_leader, leader_in, *(end for pair in pairs for end in pair)]
+        for sock in sockets:
+            widen_send_buffer(sock)  # as the brokers' Unix sockets are
+        ready = [ctx.Event() for _ in range(3)]
+        for i, (_, follower_end) in enumerate(pairs):
+            workers.append(ctx.Process(target=_chain_follower, daemon=True,
+                                       args=(directory, f"follower-{i}.log", follower_end, len(batch), ready[i])))  # fmt: skip
+        workers.append(ctx.Process(target=_chain_leader, daemon=True,
+                                   args=(directory, leader_in, [p[0] for p in pairs], len(batch), ready[2])))  # fmt: skip
+        for worker in workers:
+            worker.start()
+        for event in ready:
+            if not event.wait(60):
+                raise RuntimeError("bare chain: a process did not get ready")
+        least_timer_slack()
+        head, latencies = FRAME.pack(len(batch)), np.empty(count)
+        start = time.monotonic() + 0.01
+        for i in range(count):
+            due = start + i / batches_per_s
+            while (left := due - time.monotonic()) > 0:
+                time.sleep(left)
+            to_leader.sendall(head)
+            to_leader.sendall(batch)
+            _read_ack(to_leader)
+            latencies[i] = time.monotonic() - due
+        p50, p99, p999 = np.percentile(latencies * 1000, [50, 99, 99.9])
+        return {"batch_bytes": len(batch), "batches_per_s": batches_per_s, "batches": count,
+                "latency_ms": {"p50": float(p50), "p99": float(p99), "p99.9": float(p999),
+                               "max": float(latencies.max() * 1000)}}  # fmt: skip
+    finally:
+        kill_workers(workers)  # they serve until killed: every process holds every socket's ends
+        for sock in sockets:
+            sock.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def plot(runs: list[dict], path: Path, title: str) -> Path | None:
     return percentile_spectrum([(run["label"], run["curve_ms"]) for run in runs], path, title,
                                "produce latency (ms)", GOAL_P99_MS, f"goal p99 {GOAL_P99_MS:g} ms (half rate)")  # fmt: skip
@@ -371,6 +494,21 @@ def cost_split(rows: list[dict]) -> dict | None:
     xs, ys = np.array(points).T
     per_batch, per_record = np.polyfit(xs, ys, 1)
     return {"per_record_us": float(per_record), "per_batch_us": float(per_batch)}
+
+
+def bare_chains(rows: list[dict], floor: dict, seconds: float) -> list[dict]:
+    """`raw_chain_latency` for the floor run's batches and rate, and for the best batch.size at
+    its half rate, each beside the brokers' latency in that run."""
+    best = max(rows, key=lambda r: r["records_per_s"])
+    cases = [(FLOOR_BATCH_BYTES, FLOOR_BATCHES_PER_S, floor["latency_ms"]),
+             (best["batch_bytes"], best["half"]["records_per_s"] / best["batch_records"], best["half"]["latency_ms"])]  # fmt: skip
+    chains = []
+    for batch_bytes, batches_per_s, brokers in cases:
+        batch = build_batch(batch_records_for(RECORD_VALUE_BYTES, batch_bytes))
+        chain = raw_chain_latency(batch, batches_per_s, seconds)
+        chain["brokers_latency_ms"] = {k: brokers[k] for k in ("p50", "p99", "p99.9")}
+        chains.append(chain)
+    return chains
 
 
 def scaled_goals(rows: list[dict]) -> list[dict]:
@@ -619,6 +757,21 @@ def main(argv: list[str] | None = None) -> int:
               f"Errors: {sum(r['errors'] for r in batch_sizes) + floor['errors']}."),
     )  # fmt: skip
     scaled = scaled_goals(batch_sizes)
+    chains = bare_chains(batch_sizes, floor, min(run_s, CHAIN_SECONDS_MAX))
+    print_table(
+        "The machine's floor under one commit: a bare chain at the batch sizes and rates above",
+        ["batch bytes", "batches/s", "bare chain p50 ms", "p99 ms", "p99.9 ms", "brokers p50 ms", "p99 ms"],
+        [(f"{c['batch_bytes']:,}", f"{c['batches_per_s']:,.0f}", f"{c['latency_ms']['p50']:.2f}",
+          f"{c['latency_ms']['p99']:.2f}", f"{c['latency_ms']['p99.9']:.2f}",
+          f"{c['brokers_latency_ms']['p50']:.2f}", f"{c['brokers_latency_ms']['p99']:.2f}") for c in chains],
+        note=("Producer -> leader -> two followers -> leader -> producer over Unix socketpairs, one batch at "
+              "a time on the schedule, each process pwrite-ing the batch into fresh /dev/shm pages (freed "
+              "only after the run) and nothing else: no parsing, event loop or index. Run after the "
+              f"clusters stopped, {min(run_s, CHAIN_SECONDS_MAX):g} s each. Rows: the floor run's batches and "
+              "rate, and the best batch.size at its half rate (issue 19's latency goal)."),
+    )  # fmt: skip
+    scaled[1]["note"] = " ".join(filter(None, [scaled[1].get("note"), (
+        f"the bare chain at that batch size and rate: p99 {chains[1]['latency_ms']['p99']:.2f} ms")]))  # fmt: skip
     print_goals("Goals (issue 19)", scaled, note=scaled[1].get("note"))
     goals += scaled
     for run in [*runs, floor, *(r for pair in sweep.values() for r in pair)]:
@@ -632,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw_three_copy": raw, "runs": runs, "transports": transports, "idempotence": idempotence,
         "routes": {"unix": unix_routes, "tcp": tcp_routes}, "goals": goals, "isr_after": isr_after,
         "tcp_isr_after": tcp_isr_after, "batch_sizes": batch_sizes, "cost_split": split,
+        "bare_chains": chains,
         "floor": {"batch_bytes": FLOOR_BATCH_BYTES, "batches_per_s": FLOOR_BATCHES_PER_S,
                   "records_per_s": floor["records_per_s"], "latency_ms": floor_latency, "errors": floor["errors"]},
         "warm_up": [{k: w[k] for k in ("records", "records_per_s", "errors")} for w in warm_up],

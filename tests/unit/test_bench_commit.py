@@ -1,5 +1,5 @@
-"""bench.commit's batch-size sweep: the cost split it fits, the goals it picks, and the load's
-batch.size setting it runs on."""
+"""bench.commit's batch-size sweep: the cost split it fits, the goals it picks, the load's
+batch.size setting it runs on, and the bare chain that measures the machine's latency floor."""
 
 from __future__ import annotations
 
@@ -51,3 +51,37 @@ def test_the_load_takes_its_batch_size_from_batch_size_and_refuses_a_bad_one():
         load_batch_bytes({"batch.size": "big"})
     with pytest.raises(ValueError, match="batch.size 0 is below 1 byte"):
         load_batch_bytes({"batch.size": "0"})
+
+
+def test_the_bare_chain_times_every_batch_from_when_it_was_due_and_leaves_nothing_behind():
+    import glob
+    import multiprocessing
+
+    batch = commit.build_batch(commit.batch_records_for(commit.RECORD_VALUE_BYTES, 16 << 10))
+    chain = commit.raw_chain_latency(batch, batches_per_s=200, seconds=0.25)
+    assert chain["batches"] == 50 and chain["batch_bytes"] == len(batch)
+    latency = chain["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p99"] <= latency["p99.9"] <= latency["max"]
+    assert not glob.glob("/dev/shm/bench-commit-chain-*")
+    assert not multiprocessing.active_children()
+
+
+def test_bare_chains_run_at_the_floor_and_at_the_best_batch_size_half_rate(monkeypatch):
+    calls = []
+
+    def chain(batch, batches_per_s, seconds):
+        calls.append((len(batch), batches_per_s, seconds))
+        return {"latency_ms": {}}
+
+    monkeypatch.setattr(commit, "raw_chain_latency", chain)
+    rows = [_row(64 << 10, 9e5, 1.8, 1.9), _row(1_000_000, 4e6, 0.5, 7.0)]
+    floor = {"latency_ms": {"p50": 2.0, "p99": 3.0, "p99.9": 4.0}}
+    chains = commit.bare_chains(rows, floor, 5.0)
+    best_records = rows[1]["batch_records"]
+    assert [(rate, s) for _, rate, s in calls] == [(commit.FLOOR_BATCHES_PER_S, 5.0),
+                                                   (2e6 / best_records, 5.0)]  # fmt: skip
+    floor_records = commit.batch_records_for(commit.RECORD_VALUE_BYTES, commit.FLOOR_BATCH_BYTES)
+    assert [size for size, _, _ in calls] == [len(commit.build_batch(floor_records)),
+                                              len(commit.build_batch(best_records))]  # fmt: skip
+    assert chains[0]["brokers_latency_ms"] == floor["latency_ms"]
+    assert chains[1]["brokers_latency_ms"]["p99"] == 7.0
