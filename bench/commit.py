@@ -269,12 +269,8 @@ FRAME = struct.Struct(">i")
 
 
 def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if not n:
-            raise ConnectionError("peer closed early")
-        got += n
+    if sock.recv_into(view, len(view), socket.MSG_WAITALL) < len(view):
+        raise ConnectionError("peer closed early")
 
 
 class _ChainLog:

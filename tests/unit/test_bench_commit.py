@@ -3,6 +3,9 @@ batch.size setting it runs on, and the bare chain that measures the machine's la
 
 from __future__ import annotations
 
+import glob
+import multiprocessing
+
 import pytest
 
 from bench import commit
@@ -54,9 +57,6 @@ def test_the_load_takes_its_batch_size_from_batch_size_and_refuses_a_bad_one():
 
 
 def test_the_bare_chain_times_every_batch_from_when_it_was_due_and_leaves_nothing_behind():
-    import glob
-    import multiprocessing
-
     batch = commit.build_batch(commit.batch_records_for(commit.RECORD_VALUE_BYTES, 16 << 10))
     chain = commit.raw_chain_latency(batch, batches_per_s=200, seconds=0.25)
     assert chain["batches"] == 50 and chain["batch_bytes"] == len(batch)

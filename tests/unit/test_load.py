@@ -3,9 +3,13 @@ client's pacer never resumes early and sleeps with 1 ns of timer slack."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import time
+
 import pytest
 
-from localcluster.tools.load import POLL_MIN_S, Schedule, pacing_wait_s
+from localcluster.tools.load import POLL_MIN_S, Pacer, Schedule, pacing_wait_s
 
 
 @pytest.mark.parametrize("left_s", [0.0, 0.000_125, 0.000_999])
@@ -25,12 +29,6 @@ def test_records_due_while_polling_keep_their_due_time():
 
 
 def test_the_pacer_resumes_never_before_its_time_and_sleeps_with_the_least_timer_slack():
-    import asyncio
-    import sys
-    import time
-
-    from localcluster.tools.load import Pacer
-
     async def scenario():
         pacer = Pacer(asyncio.get_running_loop())
         early = []
