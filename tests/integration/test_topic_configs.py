@@ -9,7 +9,10 @@ from __future__ import annotations
 import pytest
 
 from localcluster.client import Admin
+from localcluster.protocol import messages
+from localcluster.protocol.api import ApiKey
 from tests.helpers import wait_until
+from tests.raw_connection import RawConnection
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import (  # noqa: E402
@@ -167,6 +170,18 @@ def test_altered_configs_are_validated_and_take_effect_live_on_every_broker(brok
                interval_s=0.2, message="the 3000-byte batch is accepted again")  # fmt: skip
 
 
+def partitions_with_a_leader(port: int, topic: str) -> int:
+    """How many of `topic`'s partitions this one broker's Metadata answer gives a leader."""
+    raw = RawConnection(port)
+    try:
+        data, offset = raw.recv(ApiKey.METADATA, 8, raw.send(ApiKey.METADATA, 8, messages.encode_request(
+            ApiKey.METADATA, 8, {"topics": [{"name": topic}], "allow_auto_topic_creation": False})))  # fmt: skip
+    finally:
+        raw.close()
+    answer = messages.decode_response(ApiKey.METADATA, 8, data, offset)
+    return sum(p.leader_id >= 0 for t in answer.topics if t.name == topic for p in t.partitions)
+
+
 def test_create_partitions_grows_a_topic_that_clients_then_use(brokers):
     from confluent_kafka.admin import NewPartitions
 
@@ -188,6 +203,12 @@ def test_create_partitions_grows_a_topic_that_clients_then_use(brokers):
         other.create_partitions({"growing": KafkaPythonNewPartitions(4, [[3, 1, 2]])})
     finally:
         other.close()
+    # CreatePartitions answers once the broker that took it knows the new partition's leader
+    # (as Kafka's does); the others learn it from the controller's UpdateMetadata a moment
+    # later, and librdkafka fails a record for a partition its metadata lacks at once.
+    for broker in started:
+        wait_until(lambda b=broker: partitions_with_a_leader(b.port, "growing") == 4,
+                   timeout_s=20, message=f"broker {broker.broker_id} sees 4 partitions")  # fmt: skip
     producer = confluent_kafka.Producer({"bootstrap.servers": boot})
     reports = []
     producer.produce("growing", b"v", partition=3, on_delivery=lambda e, m: reports.append(e))
