@@ -166,9 +166,22 @@ def load_batch_bytes(client_config: dict[str, str]) -> int:
 
 
 def batch_records_for(record_size: int, batch_bytes: int = BATCH_BYTES) -> int:
-    """Records of `record_size` value bytes that fit a batch of about `batch_bytes`."""
-    per_record = record_size + 10  # v2 record framing: length, attributes, deltas, key, headers
-    return max(1, (batch_bytes - 61) // per_record)
+    """The most records of `record_size` value bytes (as `build_batch` makes them) in a batch
+    of at most `batch_bytes`, as Kafka's producer never fills a batch past batch.size; at
+    least one. A record grows by a byte where its offset delta's varint does (64, 8192, ...):
+    at 1 MiB a flat 110 bytes a record overshot by 1,170 bytes, past message.max.bytes."""
+    from localcluster.storage import Record
+    from localcluster.storage.record_batch import HEADER_SIZE, encode_record
+
+    record = Record(value=b"v" * record_size)
+    room, count = batch_bytes - HEADER_SIZE, 0
+    for varint_grows_at in (64, 8192, 1 << 20, 1 << 27, 1 << 34):
+        size = len(encode_record(record, count, 0))  # the same for every delta below the bound
+        fitting = min(varint_grows_at - count, max(room, 0) // size)
+        count, room = count + fitting, room - fitting * size
+        if count < varint_grows_at:
+            break
+    return max(1, count)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """tools/load.py: a paced librdkafka load waits in whole-millisecond polls, never poll(0); our
-client's pacer never resumes early and sleeps with 1 ns of timer slack."""
+client's pacer never resumes early and sleeps with 1 ns of timer slack; our client's batches
+fill batch.size and never pass it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,29 @@ import time
 
 import pytest
 
-from localcluster.tools.load import POLL_MIN_S, Pacer, Schedule, pacing_wait_s
+from localcluster.tools.load import (
+    POLL_MIN_S,
+    Pacer,
+    Schedule,
+    batch_records_for,
+    build_batch,
+    pacing_wait_s,
+)
+
+
+@pytest.mark.parametrize("batch_bytes", [16 << 10, 64 << 10, 1_000_000, 1 << 20, 8 << 20])
+@pytest.mark.parametrize("record_size", [0, 100, 1000])
+def test_a_batch_holds_as_many_records_as_fit_batch_size_and_no_more(batch_bytes, record_size):
+    count = batch_records_for(record_size, batch_bytes)
+    assert (
+        len(build_batch(count, record_size))
+        <= batch_bytes
+        < len(build_batch(count + 1, record_size))
+    )
+
+
+def test_a_record_larger_than_batch_size_goes_alone():
+    assert batch_records_for(1 << 20, 64 << 10) == 1
 
 
 @pytest.mark.parametrize("left_s", [0.0, 0.000_125, 0.000_999])
