@@ -50,7 +50,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from localcluster.tasks import wake
@@ -200,14 +200,31 @@ class Job:
     cluster_dir: str | None = None  # our client: reach the cluster through its dir (Unix sockets)
     per_record_latency: bool = False  # our client: a batch's latency counts once per record
     progress: bool = False  # report acknowledged records every PROGRESS_EVERY_S
+    phase: float = 0.0  # paced: the schedule starts this fraction of an interval late
+
+
+def split_job(whole: Job, n: int) -> list[Job]:
+    """`whole` shared by n processes: each a 1/n of the rate and of the records, and paced
+    ones in phases 0, 1/n, ... so that their items are due evenly spaced (Schedule)."""
+    shares = [whole.records // n + (1 if i < whole.records % n else 0) for i in range(n)]
+    out = []
+    for i, share in enumerate(shares):
+        job = replace(whole, rate=whole.rate / n, records=share, phase=i / n)
+        if whole.records and not share:
+            job = replace(job, seconds=0.0)  # nothing to send
+        out.append(job)
+    return out
 
 
 class Schedule:
     """Open-loop pacing from now for `seconds`: item i is due at start + i x interval
-    (interval 0: each item is due when it is sent, i.e. full speed)."""
+    (interval 0: each item is due when it is sent, i.e. full speed). `phase`: the start is
+    that fraction of an interval later. Process i of n paced load processes takes i/n, so
+    their items are due evenly spaced at the whole rate, as one producer's would be; in step,
+    n batches arrived together every n intervals and each waited for the ones before it."""
 
-    def __init__(self, seconds: float, interval: float):
-        self.start = time.monotonic()
+    def __init__(self, seconds: float, interval: float, phase: float = 0.0):
+        self.start = time.monotonic() + phase * interval
         self.stop = self.start + seconds
         self.interval = interval
 
@@ -362,7 +379,8 @@ async def _run_own(job: Job, ready, report) -> dict:
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         cpu0 = own_cpu_seconds()
         pacer = Pacer(asyncio.get_running_loop())
-        schedule = Schedule(job.seconds, batch_records / job.rate if job.rate > 0 else 0.0)
+        schedule = Schedule(job.seconds, batch_records / job.rate if job.rate > 0 else 0.0,
+                            job.phase)  # fmt: skip
         start = schedule.start
         sent = sent_records = 0
         next_report = start + PROGRESS_EVERY_S
@@ -426,7 +444,7 @@ def _run_confluent(job: Job, ready, report) -> dict:
     produce, poll = producer.produce, producer.poll
     time.sleep(max(0.0, ready() - time.monotonic()))
     cpu0 = own_cpu_seconds()
-    schedule = Schedule(job.seconds, 1.0 / job.rate if job.rate > 0 else 0.0)
+    schedule = Schedule(job.seconds, 1.0 / job.rate if job.rate > 0 else 0.0, job.phase)
     start = schedule.start
     sent = 0
     next_report = start + PROGRESS_EVERY_S
@@ -561,14 +579,10 @@ class LoadPool:
         """
         assert client in CLIENTS, client
         acks = -1 if str(acks) in ("all", "-1") else int(acks)
-        n = len(self._jobs)
-        shares = [records // n + (1 if i < records % n else 0) for i in range(n)]
-        for i, jobs in enumerate(self._jobs):
-            job = Job(client, bootstrap, topic, tuple(partitions), acks, record_size, seconds,
-                      rate / n, outstanding, dict(client_config or {}), shares[i], cluster_dir,
-                      per_record_latency, progress is not None)  # fmt: skip
-            if records and not shares[i]:
-                job = Job(**{**asdict(job), "records": 0, "seconds": 0.0})  # nothing to send
+        whole = Job(client, bootstrap, topic, tuple(partitions), acks, record_size, seconds,
+                    rate, outstanding, dict(client_config or {}), records, cluster_dir,
+                    per_record_latency, progress is not None)  # fmt: skip
+        for jobs, job in zip(self._jobs, split_job(whole, len(self._jobs)), strict=True):
             jobs.put(asdict(job))
         meter = CpuMeter(
             dict(cpu_of or {}) | {f"load {i}": w.pid for i, w in enumerate(self.workers)}

@@ -12,11 +12,13 @@ import pytest
 
 from localcluster.tools.load import (
     POLL_MIN_S,
+    Job,
     Pacer,
     Schedule,
     batch_records_for,
     build_batch,
     pacing_wait_s,
+    split_job,
 )
 
 
@@ -49,6 +51,21 @@ def test_records_due_while_polling_keep_their_due_time():
     due = schedule.due(3, now=schedule.start)
     assert due == pytest.approx(schedule.start + 0.000_375)
     assert schedule.latency_start(due) == due  # latency counts from the slot, not the send
+
+
+def test_paced_load_processes_take_turns_so_items_are_due_evenly_spaced():
+    whole = Job("own", "", "t", (0,), -1, 100, 10.0, rate=3_000.0, outstanding=16, records=1_000)
+    jobs = split_job(whole, 3)
+    assert [j.rate for j in jobs] == [1_000.0] * 3 and [j.records for j in jobs] == [334, 333, 333]
+    schedules = [Schedule(10.0, interval=0.001, phase=j.phase) for j in jobs]
+    base = schedules[0].start
+    due = sorted(s.due(sent, now=0.0) - base for s in schedules for sent in range(4))
+    assert due == pytest.approx([i / 3_000 for i in range(12)], abs=50e-6)  # one every 1/3 ms
+
+
+def test_a_process_with_no_records_to_send_sends_nothing():
+    jobs = split_job(Job("own", "", "t", (0,), -1, 100, 10.0, 0.0, 16, records=1), 2)
+    assert [(j.records, j.seconds) for j in jobs] == [(1, 10.0), (0, 0.0)]
 
 
 def test_the_pacer_resumes_never_before_its_time_and_sleeps_with_the_least_timer_slack():
