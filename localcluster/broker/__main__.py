@@ -73,8 +73,8 @@ def main(config_file: Path | None, broker_id: int | None, cluster_dir: Path | No
         _config_error(config_file, e)
     logging.basicConfig(level=log_level.upper(),
                         format=f"%(asctime)s broker-{config.broker_id} %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    from localcluster.broker.heap import keep_freed_memory
     from localcluster.broker.server import BrokerServer
+    from localcluster.heap import keep_freed_memory
 
     keep_freed_memory()
 

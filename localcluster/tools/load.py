@@ -482,7 +482,10 @@ def worker_main(index: int, jobs, starts, results) -> None:
     `results` once connected, waits for the start instant on `starts`, and puts its result or
     error (with "worker": index) on `results`; with `job.progress`, {"progress": index,
     "acked": n} as it goes."""
+    from localcluster.heap import keep_freed_memory
+
     use_uvloop()
+    keep_freed_memory()  # our client's large produce frames reuse the heap (heap.py)
 
     def ready() -> float:
         results.put({"ready": index})
