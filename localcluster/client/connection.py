@@ -332,9 +332,11 @@ class BrokerConnection:
                 self.versions[key.api_key] = best
         self.versions[ApiKey.API_VERSIONS] = version
 
-    async def send(self, api_key: int, encode: Callable[[int], bytes], *, version: int | None = None,
-                   expect_response: bool = True, timeout_ms: int | None = None):  # fmt: skip
-        """Send a request whose body is `encode(version)`; return (frame, body offset).
+    async def send(self, api_key: int, encode: Callable[[int], bytes | list], *,
+                   version: int | None = None, expect_response: bool = True,
+                   timeout_ms: int | None = None):  # fmt: skip
+        """Send a request whose body is `encode(version)`, bytes or a list of buffers (written
+        as they are, with one writev); return (frame, body offset).
 
         With expect_response=False (Produce acks=0) returns None once the bytes are written.
         """
@@ -353,10 +355,10 @@ class BrokerConnection:
                 head, RequestHeader(api_key, version, correlation_id, self.client_id)
             )
             body = encode(version)
+            parts = body if isinstance(body, list) else [body]
+            size = len(head.buf) + sum(len(part) for part in parts)
             try:
-                self._transport.write(
-                    _SIZE.pack(len(head.buf) + len(body)) + bytes(head.buf) + body
-                )
+                self._transport.writelines([_SIZE.pack(size) + head.buf, *parts])
             except (RuntimeError, OSError) as e:  # uvloop: "the handler is closed"
                 self._fail(KafkaConnectionError(f"broker at {self.address} went away: {e}"))
                 raise self._closed from e

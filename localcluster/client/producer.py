@@ -717,7 +717,7 @@ class AsyncProducer:
                           ", ".join(f"{b.tp[0]}-{b.tp[1]} {len(b.futures)} records, attempt {b.attempts + 1}"
                                     for b in batches))  # fmt: skip
             result = await connection.send(
-                ApiKey.PRODUCE, lambda v: produce.write_produce_request(request, v),
+                ApiKey.PRODUCE, lambda v: produce.produce_request_parts(request, v),
                 expect_response=self.acks != 0)  # fmt: skip
             if result is None:
                 for b in batches:

@@ -53,6 +53,14 @@ def read_produce_request(reader: Reader, version: int) -> ProduceRequest:
 
 
 def write_produce_request(request: ProduceRequest, version: int) -> bytes:
+    return b"".join(produce_request_parts(request, version))
+
+
+def produce_request_parts(request: ProduceRequest, version: int) -> list:
+    """The request's bytes in parts, each partition's records as they are (not copied): a
+    connection writes the parts with one writev. Joined, a 1 MB batch was copied three times
+    on its way to the socket (into the request, out of it, into the frame)."""
+    parts = []
     w = Writer().nullable_string(request.transactional_id).int16(request.acks)
     w.int32(request.timeout_ms).int32(len(request.topics))
     for name, partitions in request.topics:
@@ -62,8 +70,10 @@ def write_produce_request(request: ProduceRequest, version: int) -> bytes:
             if p.records is None:
                 w.int32(-1)
             else:
-                w.int32(len(p.records)).bytes(p.records)
-    return w.getvalue()
+                parts += (w.int32(len(p.records)).getvalue(), p.records)
+                w = Writer()
+    parts.append(w.getvalue())
+    return parts
 
 
 def write_produce_response(
