@@ -43,6 +43,7 @@ LAYERS = (
     ("localcluster.lazy_exports", "base"),
     ("localcluster.backoff", "base"),
     ("localcluster.tasks", "base"),
+    ("localcluster.heap", "base"),
 )
 PACKAGE_ROOT_LAYER = "base"  # `from localcluster import __version__`
 CORE_FORBIDDEN = ("asyncio", "socket", "selectors", "kio", "localcluster.coord")
