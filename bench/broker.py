@@ -53,10 +53,10 @@ from localcluster.tools.load import (  # noqa: F401 (the process and CPU helpers
     cpu_seconds,
     kill_workers,
     machine_busy_seconds,
+    prepare_load_process,
     spawn_context,
 )
 from localcluster.tools.load import own_cpu_seconds as _cpu
-from localcluster.tools.load import use_uvloop as _use_uvloop
 from localcluster.waiting import wait_until
 
 RECORD_VALUE_BYTES = 100
@@ -350,7 +350,7 @@ def our_produce_worker(bootstrap: str, topic: str, partition: int, records: int,
             "cpu_s": _cpu() - cpu0,
         }
 
-    _use_uvloop()
+    prepare_load_process()
     results.put(asyncio.run(run()))
 
 
@@ -415,7 +415,7 @@ def our_fetch_worker(bootstrap: str, topic: str, partition: int, end_offset: int
             "cpu_s": cpu_s,
         }
 
-    _use_uvloop()
+    prepare_load_process()
     results.put(asyncio.run(run()))
 
 

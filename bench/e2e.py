@@ -52,7 +52,6 @@ import traceback
 from bench.broker import (
     Cluster,
     _cpu,
-    _use_uvloop,
     build_batch,
     create_topic,
     install_sigterm,
@@ -61,7 +60,7 @@ from bench.broker import (
 )
 from bench.common import print_note, print_table, write_results
 from localcluster.storage.record_batch import batch_spans
-from localcluster.tools.load import Pacer, curve, histogram, latency_summary
+from localcluster.tools.load import Pacer, curve, histogram, latency_summary, prepare_load_process
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
@@ -165,7 +164,7 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
 
     @_report_errors(results, f"producer {index}")
     def main() -> None:
-        _use_uvloop()
+        prepare_load_process()
         results.put(("producer-done", index, asyncio.run(run())))
 
     main()
@@ -325,7 +324,7 @@ def consumer_worker(bootstrap: str, topic: str, partitions: int, max_wait_ms: in
 
     @_report_errors(results, "consumer")
     def main() -> None:
-        _use_uvloop()
+        prepare_load_process()
         results.put(("consumer-done", 0, asyncio.run(run())))
 
     main()

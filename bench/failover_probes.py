@@ -29,7 +29,8 @@ import struct
 import threading
 import time
 
-from bench.broker import RECORD_VALUE_BYTES, _use_uvloop, kill_workers, spawn_context
+from bench.broker import RECORD_VALUE_BYTES, kill_workers, spawn_context
+from localcluster.tools.load import prepare_load_process
 
 VALUE = struct.Struct(">Bq")  # probe tag, sequence
 PROBES = ("own", "own-no-idempotence", "confluent", "kafka-python")
@@ -136,7 +137,7 @@ def _run_own(tag, bootstrap, topic, partitions, interval_ms, settings, control, 
             await producer.flush(60)
         await listener
 
-    _use_uvloop()
+    prepare_load_process()
     asyncio.run(run())
     return tally.outcome()
 
