@@ -759,19 +759,19 @@ def main(argv: list[str] | None = None) -> int:
         print_note(f"[yellow]the bare chain (the machine's latency floor) failed: {e}; the other "
                    f"results stand, and are written below without it[/]")  # fmt: skip
         chains = []
-    print_table(
-        "The machine's floor under one commit: a bare chain at the batch sizes and rates above",
-        ["batch bytes", "batches/s", "bare chain p50 ms", "p99 ms", "p99.9 ms", "brokers p50 ms", "p99 ms"],
-        [(f"{c['batch_bytes']:,}", f"{c['batches_per_s']:,.0f}", f"{c['latency_ms']['p50']:.2f}",
-          f"{c['latency_ms']['p99']:.2f}", f"{c['latency_ms']['p99.9']:.2f}",
-          f"{c['brokers_latency_ms']['p50']:.2f}", f"{c['brokers_latency_ms']['p99']:.2f}") for c in chains],
-        note=("Producer -> leader -> two followers -> leader -> producer over Unix socketpairs, one batch at "
-              "a time on the schedule, each process pwrite-ing the batch into fresh /dev/shm pages (freed "
-              "only after the run) and nothing else: no parsing, event loop or index. Run after the "
-              f"clusters stopped, {min(run_s, CHAIN_SECONDS_MAX):g} s each. Rows: the floor run's batches and "
-              "rate, and the best batch.size at its half rate (issue 19's latency goal)."),
-    )  # fmt: skip
     if chains:
+        print_table(
+            "The machine's floor under one commit: a bare chain at the batch sizes and rates above",
+            ["batch bytes", "batches/s", "bare chain p50 ms", "p99 ms", "p99.9 ms", "brokers p50 ms", "p99 ms"],
+            [(f"{c['batch_bytes']:,}", f"{c['batches_per_s']:,.0f}", f"{c['latency_ms']['p50']:.2f}",
+              f"{c['latency_ms']['p99']:.2f}", f"{c['latency_ms']['p99.9']:.2f}",
+              f"{c['brokers_latency_ms']['p50']:.2f}", f"{c['brokers_latency_ms']['p99']:.2f}") for c in chains],
+            note=("Producer -> leader -> two followers -> leader -> producer over Unix socketpairs, one batch at "
+                  "a time on the schedule, each process pwrite-ing the batch into fresh /dev/shm pages (freed "
+                  "only after the run) and nothing else: no parsing, event loop or index. Run after the "
+                  f"clusters stopped, {min(run_s, CHAIN_SECONDS_MAX):g} s each. Rows: the floor run's batches and "
+                  "rate, and the best batch.size at its half rate (issue 19's latency goal)."),
+        )  # fmt: skip
         scaled[1]["note"] = " ".join(filter(None, [scaled[1].get("note"), (
             f"the bare chain at that batch size and rate: p99 {chains[1]['latency_ms']['p99']:.2f} ms")]))  # fmt: skip
     print_goals("Goals (issue 19)", scaled, note=scaled[1].get("note"))
