@@ -264,10 +264,10 @@ class ReplicaManager(ReplicaHost):
                 appended.append((response, result.appended))
             if result.waiting:
                 waiting[future] = response
-        if waiting:
-            await asyncio.wait(list(waiting))
-            for future, response in waiting.items():
-                response.error_code = future.result()
+        # Each future is awaited in turn: one already answered is not a loop pass, where
+        # asyncio.wait costs two (its callback, then this task) after the last one is.
+        for future, response in waiting.items():
+            response.error_code = await future
         latency_us = int((loop.time() - started) * 1e6)
         for response, info in appended:
             if response.error_code == ErrorCode.none:
