@@ -5,8 +5,8 @@ rates the commit path takes; this measures per record *batch* instead, so that i
 the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
 
 - Producers: `producers` spawned processes of our client, each sending one prebuilt batch
-  (`build_batch`, built once; compressed with `--compression` gzip | snappy | lz4 | zstd
-  through storage/compression.py) at a time with `AsyncProducer.send_batch` (acks=all, linger 0),
+  (`build_batch`, built once, each send a copy dated then; compressed with `--compression`
+  gzip | snappy | lz4 | zstd through storage/compression.py) at a time with `AsyncProducer.send_batch` (acks=all, linger 0),
   round-robin over the topic's partitions, open loop: batch i of a process is due at
   start + i * interval (processes are phase-shifted by interval / producers), at most
   `outstanding` unacknowledged per process. Each keeps, per acknowledged batch, (partition,
@@ -60,7 +60,14 @@ from bench.broker import (
 )
 from bench.common import print_note, print_table, write_results
 from localcluster.storage.record_batch import batch_spans
-from localcluster.tools.load import Pacer, curve, histogram, latency_summary, prepare_load_process
+from localcluster.tools.load import (
+    Pacer,
+    curve,
+    histogram,
+    latency_summary,
+    now_ms,
+    prepare_load_process,
+)
 
 TOPIC = "bench-e2e"
 BROKERS = (0, 1, 2)
@@ -106,8 +113,9 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
 
     async def run() -> dict:
         from localcluster.client import AsyncProducer
+        from localcluster.storage.record_batch import DatedBatch
 
-        batch = prebuilt_batch(batch_records, record_size, compression)
+        batch = DatedBatch(prebuilt_batch(batch_records, record_size, compression))
         pacer = Pacer(asyncio.get_running_loop())
         room = asyncio.Semaphore(outstanding)
         part, base, due_ns, send_ns, ack_ns = (array.array("i"), array.array("q"), array.array("q"),
@@ -135,7 +143,9 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
                                  request_timeout_ms=30_000) as producer:  # fmt: skip
             warmup = []  # connect to every leader before the clock starts (not measured)
             for partition in range(partitions):
-                warmup.append(await (await producer.send_batch(topic, partition, batch)))
+                warmup.append(
+                    await (await producer.send_batch(topic, partition, batch.at(now_ms())))
+                )
             results.put(("producer-ready", index, warmup))
             start_ns = await asyncio.to_thread(go.get, True, 300)
             interval_ns = int(batch_records / rate * 1e9)
@@ -152,7 +162,7 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
                 await room.acquire()
                 partition = sent % partitions
                 send_at = time.monotonic_ns()
-                future = await producer.send_batch(topic, partition, batch)
+                future = await producer.send_batch(topic, partition, batch.at(now_ms()))
                 future.add_done_callback(lambda f, p=partition, d=due, s=send_at: done(f, p, d, s))
                 sent += 1
             await producer.flush(60)

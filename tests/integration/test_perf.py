@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,6 +68,33 @@ def test_produce_own_client_batches_of_its_batch_size(cli):
                   "--producer-config", "batch.size=16384")  # fmt: skip
     assert r["ok"] is True and r["records_acked"] == 600 and r["errors"] == 0
     assert r["batch_records"] == batch_records_for(100, 16384) == 148  # not the 595 of 64 KiB
+
+
+def test_produce_own_client_dates_its_records_when_it_sends_them(cli):
+    """Its batches are built once; each send is dated then (CreateTime), as a producer dates
+    its records. Undated they said 1970, which the next retention check deletes."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    before = int(time.time() * 1000)
+    r = perf_json(cli, "produce", "--topic", "p-dated", "--num-records", "400", "--record-size", "100",
+                  "--partitions", "1", "--producer-config", "batch.size=16384")  # fmt: skip
+    after = int(time.time() * 1000)
+    assert r["ok"] is True and r["records_acked"] == 400
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cli.status()["bootstrap_servers"],
+                                         "group.id": "p-dated", "enable.auto.commit": False})  # fmt: skip
+    try:
+        consumer.assign([confluent_kafka.TopicPartition("p-dated", 0, 0)])
+        stamps = []
+        expected = 400 + r["warmup_records"]  # each load process's first record, uncounted
+        deadline = time.monotonic() + 30
+        while len(stamps) < expected and time.monotonic() < deadline:
+            for message in consumer.consume(500, 0.5):
+                assert message.error() is None, message.error()
+                stamps.append(message.timestamp())
+    finally:
+        consumer.close()
+    assert len(stamps) == expected
+    assert {kind for kind, _ in stamps} == {confluent_kafka.TIMESTAMP_CREATE_TIME}
+    assert all(before <= stamp <= after for _, stamp in stamps), (before, after, stamps[:3])
 
 
 def test_produce_confluent_acks_1_existing_topic(cli):
