@@ -65,7 +65,8 @@ def log_config(topic: TopicConfig, segment_index_bytes: int) -> LogConfig:
     return LogConfig(segment_bytes=topic.segment_bytes, segment_index_bytes=segment_index_bytes,
                      retention_bytes=topic.retention_bytes if topic.deletes else -1,
                      retention_ms=topic.retention_ms if topic.deletes else -1,
-                     segment_ms=topic.segment_ms, log_append_time=topic.log_append_time)  # fmt: skip
+                     segment_ms=topic.segment_ms, log_append_time=topic.log_append_time,
+                     reuse_segment_files=not topic.compacts)  # fmt: skip
 
 
 def write_isr_update(update: IsrUpdate, read_state: Callable[[], tuple | None],

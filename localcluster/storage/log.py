@@ -30,7 +30,14 @@ from localcluster.storage import reservation, segment_swap
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
 from localcluster.storage.reservation import LogDirectoryFullError
-from localcluster.storage.segment import SUFFIX, CutReport, FileSlice, LogSegment
+from localcluster.storage.segment import (
+    SPARE_SUFFIX,
+    SUFFIX,
+    CutReport,
+    FileSlice,
+    LogSegment,
+    SpareFiles,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,9 @@ class LogConfig:
     retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms (-1: no limit)
     segment_ms: int = 7 * 24 * 3600 * 1000  # log.roll.ms: a segment this old rolls
     log_append_time: bool = False  # message.timestamp.type=LogAppendTime (the caller stamps)
+    # A segment deleted from the front gives its file to the next one (segment.py, "Reused
+    # files"); not for a compacted log, whose cleaner reads segments by name on its thread.
+    reuse_segment_files: bool = True
 
     def __post_init__(self):
         if not 2 * rb.HEADER_SIZE <= self.segment_bytes <= INT32_MAX:
@@ -114,6 +124,7 @@ class Log:
         self.recovery_point = min(max(recovery_point, self.log_start_offset), self.log_end_offset)
         self.cuts: list[CutReport] = []
         self._full = False  # the last append found no space (logged once until one succeeds)
+        self._spares = SpareFiles(directory)  # a retired segment's file for the next one
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -373,7 +384,7 @@ class Log:
         self.active_segment.seal()
         try:
             segment = LogSegment.create(self.directory, base, self.config.segment_bytes,
-                                        self.config.max_index_entries)  # fmt: skip
+                                        self.config.max_index_entries, self._spares.take(base))  # fmt: skip
         except OSError as e:
             # No room for the new segment's files: the old one stays the active one.
             _delete_segment_files(self.directory, base)
@@ -505,8 +516,16 @@ class Log:
         active.make_appendable()
         return removed + active.truncate_to(offset)
 
+    def _delete_from_front(self, segment: LogSegment) -> None:
+        """A segment below the log start goes; its file may serve the next one."""
+        if self.config.reuse_segment_files:
+            segment.retire(self._spares)
+        else:
+            segment.delete()
+
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start an empty log at `offset`."""
+        self._spares.discard()  # its old batches may lie above `offset`
         for segment in self._segments:
             segment.delete()
         self._segments = [LogSegment.create(self.directory, offset, self.config.segment_bytes,
@@ -532,7 +551,7 @@ class Log:
         while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
             segment = self._segments.pop(0)
             self._bases.pop(0)
-            segment.delete()
+            self._delete_from_front(segment)
             deleted += 1
         self.leader_epoch_cache.truncate_from_start(offset)
         self.recovery_point = max(self.recovery_point, offset)
@@ -564,7 +583,7 @@ class Log:
             excess -= segment.size
             self._segments.pop(0)
             self._bases.pop(0)
-            segment.delete()
+            self._delete_from_front(segment)
             deleted += 1
             log.info("log %s: retention deleted segment %s (%s)", self.directory,
                      segment.path.name, "retention.ms" if expired else "retention.bytes")  # fmt: skip
@@ -598,12 +617,14 @@ class Log:
     def close(self) -> None:
         """Flush, trim the active segment, and leave the clean-shutdown marker."""
         self.flush()
+        self._spares.discard(closing=True)
         for segment in self._segments:
             segment.close()
         (self.directory / CLEAN_SHUTDOWN).touch()
 
     def delete(self) -> None:
         """Remove the log and its directory (StopReplica with delete)."""
+        self._spares.discard(closing=True)
         for segment in self._segments:
             segment.delete()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -615,9 +636,10 @@ def _delete_segment_files(directory: Path, base_offset: int) -> None:
 
 
 def _remove_leftovers(directory: Path) -> None:
-    """Temp files from an interrupted checkpoint write, indexes without their segment."""
+    """Temp files from an interrupted checkpoint write, indexes without their segment, data
+    files kept for reuse (the process that kept them is gone)."""
     for path in directory.iterdir():
-        if path.suffix == ".tmp":
+        if path.suffix in (".tmp", SPARE_SUFFIX):
             path.unlink(missing_ok=True)
         elif path.suffix in (".index", ".timeindex") and not path.with_suffix(SUFFIX).exists():
             log.info("log %s: removing %s, whose segment is gone", directory, path.name)

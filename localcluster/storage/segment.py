@@ -26,6 +26,21 @@ Crash safety rests on two rules:
 - truncation really removes bytes (the file is cut, then regrown as a hole), so a stale batch
   can never reappear behind a shorter new one.
 
+Reused files. A segment that retention (or a moved log start) deletes can give its data file
+to its log's next segment (`retire`, `SpareFile`): writing into pages the file already holds
+cost 0.19 ms per MiB here against 0.35 ms into fresh ones, and its pages are neither freed
+nor allocated again (bench/README.md, "Segment files reused under retention"). Such a file
+holds the old segment's bytes past `size`, so the rules get two more:
+- its old batches all lie below the new segment's base offset (a log reuses only its own
+  files, taken only for a segment starting at or after their end), so recovery, which stops
+  at a batch below the offset it expects, never takes one for a new batch;
+- the 16 bytes after the last batch are always zeros: the first 16 bytes are cleared before
+  the file is reused, and every append writes 16 zeros after its batch in the same write as
+  the batch's tail. So a clean end, and a batch cut before its head was written, both show a
+  zero head; recovery of a reused file (marked by the `user.localcluster.reused` attribute
+  until sealed) ends the log there, and reports a cut only for bytes that are neither.
+A file whose filesystem takes no such attribute is never reused.
+
 Nothing here reads past `size`: the file may be shorter than the mapping after a trim.
 """
 
@@ -35,6 +50,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +65,11 @@ log = logging.getLogger(__name__)
 
 PAGE = mmap.PAGESIZE
 SUFFIX = ".log"
+SPARE_SUFFIX = ".spare"  # a retired segment's data file kept for reuse: `<base>.log.spare`
+REUSED_ATTRIBUTE = "user.localcluster.reused"  # on a reused file until it is sealed
 HEAD_BYTES = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append writes last
 _HEAD = struct.Struct(">qii")
+_END_MARK = bytes(HEAD_BYTES)  # what follows the last batch of a reused file
 
 
 def segment_file_name(base_offset: int) -> str:
@@ -98,6 +117,7 @@ class LogSegment:
         self.size = 0
         self.next_offset = base_offset
         self.appendable = False
+        self.reused = False  # the file held another segment: old bytes lie past `size`
         self._file = None
         self._mm: mmap.mmap | None = None
         self._mapped = 0
@@ -105,10 +125,18 @@ class LogSegment:
     # -- lifecycle ----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, capacity: int,
-               max_index_entries: int) -> LogSegment:  # fmt: skip
+    def create(cls, directory: Path, base_offset: int, capacity: int, max_index_entries: int,
+               spare: SpareFile | None = None) -> LogSegment:  # fmt: skip
+        """A new empty segment; in `spare`'s file when given (which it then owns)."""
         segment = cls(directory, base_offset, capacity, max_index_entries)
-        segment._file = open(segment.path, "w+b", buffering=0)
+        if spare is not None:
+            try:
+                segment._file = spare.reuse_as(segment.path)
+                segment.reused = True
+            except OSError as e:
+                log.info("%s: a new file instead of a retired segment's (%s)", segment.path, e)
+        if segment._file is None:
+            segment._file = open(segment.path, "w+b", buffering=0)
         try:
             segment.index.reset()
             segment.make_appendable()
@@ -123,6 +151,7 @@ class LogSegment:
                       max_index_entries: int) -> LogSegment:  # fmt: skip
         segment = cls(directory, base_offset, capacity, max_index_entries)
         segment._file = open(segment.path, "r+b", buffering=0)
+        segment.reused = _has_reused_mark(segment._file.fileno())
         file_size = os.fstat(segment._file.fileno()).st_size
         segment.size = file_size
         segment._map(file_size)
@@ -172,9 +201,17 @@ class LogSegment:
             tail = self.size - position
             if self._is_zero(position, self.size):
                 reason = None  # only preallocated zeros: nothing was lost
+            elif self.reused and self._is_zero(position, min(position + HEAD_BYTES, self.size)):
+                # A reused file's end: its old bytes, or a batch cut before its head was
+                # written (never acknowledged), follow the zero head (the rules above).
+                log.info("%s: recovery ends the log at position %d; the %d bytes past it are "
+                         "the reused file's old bytes or a batch cut before its head was "
+                         "written", self.path, position, tail)  # fmt: skip
             else:
                 cut = CutReport(self.path.name, position, tail, reason or "unknown")
             self.truncate_to_position(position)
+        if self.reused:
+            self._clear_reused_mark()  # nothing old is left past `size`
         self.index.trim()
         return cut
 
@@ -231,6 +268,8 @@ class LogSegment:
         """Trim the file and indexes to their data: on roll and on clean close."""
         if self.appendable:
             os.ftruncate(self._file.fileno(), self.size)
+            if self.reused:
+                self._clear_reused_mark()
             self.index.trim()
             self.appendable = False
 
@@ -260,6 +299,37 @@ class LogSegment:
         if self._mm is not None or self._file is not None:
             finalizer = weakref.finalize(self, reclaim.RECLAIMER.release, self._mm, self._file)
             finalizer.atexit = False  # at exit the process's pages go with it
+
+    def retire(self, spares: SpareFiles) -> None:
+        """Delete the segment as `delete` does, but hand its data file to `spares` for the log's
+        next segment, once nothing reads it any more (the finalizer: every FileSlice in flight
+        holds its segment). The file is renamed to `<base>.log.spare` at once."""
+        if self._file is None or not spares.reusable:
+            self.delete()
+            return
+        spare_path = self.path.with_name(self.path.name + SPARE_SUFFIX)
+        try:
+            os.rename(self.path, spare_path)
+        except OSError as e:
+            log.info("%s: not kept for reuse (%s)", self.path, e)
+            self.delete()
+            return
+        self.appendable = False
+        self.index.close()
+        for path in (self.index.offset_path, self.index.time_path):
+            path.unlink(missing_ok=True)
+        # The new segment maps the file afresh: this map goes to the reclaim thread with the
+        # last reader, as on delete.
+        spare = SpareFile(spare_path, self._file, self.next_offset)
+        finalizer = weakref.finalize(self, _hand_over, spares, spare, self._mm)
+        finalizer.atexit = False
+
+    def _clear_reused_mark(self) -> None:
+        self.reused = False
+        try:
+            os.removexattr(self._file.fileno(), REUSED_ATTRIBUTE)
+        except OSError:
+            pass  # already gone
 
     def _map(self, length: int) -> None:
         self._release_map()
@@ -297,7 +367,12 @@ class LogSegment:
         fd = self._file.fileno()
         try:
             with memoryview(data) as view:  # a slice of the view: no copy of the bytes
-                _write_fully(fd, view[start + HEAD_BYTES : start + size], position + HEAD_BYTES)
+                tail = view[start + HEAD_BYTES : start + size]
+                if self.reused:  # the zero head after the batch, in the same write
+                    mark = _END_MARK[: min(HEAD_BYTES, self.capacity - end)]
+                    _write_vector(fd, tail, mark, position + HEAD_BYTES)
+                else:
+                    _write_fully(fd, tail, position + HEAD_BYTES)
             _write_fully(fd, _HEAD.pack(base_offset, header.batch_length, leader_epoch),
                          position)  # fmt: skip
         except OSError as e:
@@ -402,6 +477,105 @@ def zeros_only(fd: int, mapping, start: int, stop: int) -> bool:
         if nonzero:
             return False
         position = hole
+    return True
+
+
+def _write_vector(fd: int, data, after: bytes, position: int) -> None:
+    """pwrite `data` then `after` at `position` in one call (pwritev); the rest, if it writes
+    short, as `_write_fully` does."""
+    written = os.pwritev(fd, (data, after), position)
+    if written < len(data) + len(after):
+        joined = bytes(data) + after
+        _write_fully(fd, memoryview(joined)[written:], position + written)
+
+
+def _has_reused_mark(fd: int) -> bool:
+    try:
+        os.getxattr(fd, REUSED_ATTRIBUTE)
+    except OSError:  # ENODATA, or a filesystem without attributes
+        return False
+    return True
+
+
+class SpareFile:
+    """A retired segment's data file, renamed `<base>.log.spare`: its old bytes all lie below
+    `stale_end` (the old segment's next offset)."""
+
+    def __init__(self, path: Path, file, stale_end: int):
+        self.path = path
+        self.file = file
+        self.stale_end = stale_end
+
+    def reuse_as(self, path: Path):
+        """Clear the first 16 bytes, mark the file reused, give it `path`; the file object
+        (its owner is now the new segment). Raises OSError with the file released."""
+        try:
+            fd = self.file.fileno()
+            if os.fstat(fd).st_size:
+                _write_fully(fd, _END_MARK, 0)
+            os.setxattr(fd, REUSED_ATTRIBUTE, b"1")
+            os.rename(self.path, path)
+        except OSError:
+            self.release()
+            raise
+        return self.file
+
+    def release(self) -> None:
+        """Unlink and free it (on the reclaim thread)."""
+        self.path.unlink(missing_ok=True)
+        reclaim.RECLAIMER.release(None, self.file)
+
+
+class SpareFiles:
+    """The data file one log keeps for its next segment: at most one (the newest offered is
+    dropped while one is kept), taken only by a segment starting at or after its old bytes'
+    end. Offered from a finalizer, on whichever thread drops a retired segment's last
+    reference, hence the lock. `reusable` is False where the log's filesystem keeps no
+    extended attributes (the reused mark): retired segments are then deleted as before."""
+
+    def __init__(self, directory: Path):
+        self._lock = threading.Lock()
+        self._spare: SpareFile | None = None
+        self._closed = False
+        self.reusable = _takes_attributes(directory)
+
+    def offer(self, spare: SpareFile) -> None:
+        with self._lock:
+            keep = not self._closed and self._spare is None
+            if keep:
+                self._spare = spare
+        if not keep:
+            spare.release()
+
+    def take(self, base_offset: int) -> SpareFile | None:
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.stale_end > base_offset:
+            spare.release()  # its old batches could pass for new ones: never reused
+            return None
+        return spare
+
+    def discard(self, closing: bool = False) -> None:
+        """Free the kept file; when `closing`, free every later offer at once too."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+            self._closed = self._closed or closing
+        if spare is not None:
+            spare.release()
+
+
+def _hand_over(spares: SpareFiles, spare: SpareFile, old_map) -> None:
+    if old_map is not None:
+        reclaim.RECLAIMER.release(old_map, None)
+    spares.offer(spare)
+
+
+def _takes_attributes(directory: Path) -> bool:
+    try:
+        os.setxattr(directory, REUSED_ATTRIBUTE, b"1")
+        os.removexattr(directory, REUSED_ATTRIBUTE)
+    except OSError:
+        return False
     return True
 
 

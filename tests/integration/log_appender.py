@@ -85,11 +85,11 @@ def main() -> None:
             report(f"T {offset}")
             log.truncate_to(offset)
             report(f"t {log.log_end_offset}")
-        elif roll < 0.06:
+        elif roll < 0.08:  # often enough that later segments reuse the retired ones' files
             report("R")
             log.delete_old_segments(now_ms=0)
             report(f"r {log.log_start_offset}")
-        elif roll < 0.11:
+        elif roll < 0.13:
             write_partition_offsets(checkpoint_path(log_dir), {PARTITION: log.flush()})
         else:
             sequence += 1

@@ -37,6 +37,7 @@ from localcluster.storage import (
     read_partition_offsets,
 )
 from localcluster.storage.log import CLEAN_SHUTDOWN
+from localcluster.storage.segment import REUSED_ATTRIBUTE, SUFFIX
 from tests.helpers import check_indexes_agree, scan_log, wait_until
 from tests.integration.log_appender import PARTITION, batch_checksum, checkpoint_path, config
 
@@ -113,6 +114,16 @@ def replay(events: list[str], state: list[Batch]):
     return state, pending
 
 
+def active_segment_reused(log_dir: Path) -> bool:
+    """The child was killed while its active segment was written in a retired segment's file
+    (segment.py, "Reused files"): old bytes lie past its last batch."""
+    last = max(log_dir.glob("*" + SUFFIX), default=None)
+    try:
+        return last is not None and bool(os.getxattr(last, REUSED_ATTRIBUTE))
+    except OSError:
+        return False
+
+
 def check_recovered(log, state: list[Batch], pending, seed: int, cycle: int) -> list[Batch]:
     where = f"(seed {seed}, cycle {cycle}, in flight: {pending})"
     actual = batches_in(log)
@@ -165,6 +176,7 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
         "retention in flight": 0,
         "in-flight batch kept": 0,
         "killed opening": 0,
+        "reused active segment": 0,
     }
     try:
         for cycle in range(CYCLES):
@@ -209,6 +221,7 @@ def test_kill_9_at_random_moments_never_loses_a_completed_append():
                 }[pending and pending[0]]
             ] += 1
             point = read_partition_offsets(checkpoint_path(log_dir)).get(PARTITION, 0)
+            seen["reused active segment"] += active_segment_reused(log_dir)
             log = Log.open(log_dir, config(SEGMENT_BYTES), recovery_point=point)
             try:
                 state = check_recovered(log, committed, pending, seed, cycle)
