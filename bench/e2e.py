@@ -5,7 +5,7 @@ rates the commit path takes; this measures per record *batch* instead, so that i
 the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
 
 - Producers: `producers` spawned processes of our client, each sending one prebuilt batch
-  (`build_batch`, built once, each send a copy dated then; compressed with `--compression`
+  (`build_batch`, built once, each send dated then; compressed with `--compression`
   gzip | snappy | lz4 | zstd through storage/compression.py) at a time with `AsyncProducer.send_batch` (acks=all, linger 0),
   round-robin over the topic's partitions, open loop: batch i of a process is due at
   start + i * interval (processes are phase-shifted by interval / producers), at most
@@ -113,9 +113,8 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
 
     async def run() -> dict:
         from localcluster.client import AsyncProducer
-        from localcluster.storage.record_batch import DatedBatch
 
-        batch = DatedBatch(prebuilt_batch(batch_records, record_size, compression))
+        batch = prebuilt_batch(batch_records, record_size, compression)
         pacer = Pacer(asyncio.get_running_loop())
         room = asyncio.Semaphore(outstanding)
         part, base, due_ns, send_ns, ack_ns = (array.array("i"), array.array("q"), array.array("q"),
@@ -143,9 +142,8 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
                                  request_timeout_ms=30_000) as producer:  # fmt: skip
             warmup = []  # connect to every leader before the clock starts (not measured)
             for partition in range(partitions):
-                warmup.append(
-                    await (await producer.send_batch(topic, partition, batch.at(now_ms())))
-                )
+                warmup.append(await (await producer.send_batch(topic, partition, batch,
+                                                               timestamp_ms=now_ms())))  # fmt: skip
             results.put(("producer-ready", index, warmup))
             start_ns = await asyncio.to_thread(go.get, True, 300)
             interval_ns = int(batch_records / rate * 1e9)
@@ -162,7 +160,7 @@ def producer_worker(index: int, bootstrap: str, topic: str, partitions: int, rat
                 await room.acquire()
                 partition = sent % partitions
                 send_at = time.monotonic_ns()
-                future = await producer.send_batch(topic, partition, batch.at(now_ms()))
+                future = await producer.send_batch(topic, partition, batch, timestamp_ms=now_ms())
                 future.add_done_callback(lambda f, p=partition, d=due, s=send_at: done(f, p, d, s))
                 sent += 1
             await producer.flush(60)

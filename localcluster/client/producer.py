@@ -79,6 +79,7 @@ from localcluster.storage.record_batch import (
     BatchSpec,
     Record,
     encode_batch,
+    set_create_time,
     validate_batch,
 )
 
@@ -174,7 +175,8 @@ class ProducerBatch:
     producer_epoch: int = NO_PRODUCER_EPOCH
     base_sequence: int = NO_SEQUENCE
     sequence_reset: bool = False  # numbered again after an epoch bump
-    stamped: tuple[int, int, int] = (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE)
+    # (None: raw's CRC is stale, a prebuilt batch send_batch dated; encoded() makes it anew)
+    stamped: tuple[int, int, int] | None = (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE)
     attributes: int = 0  # the codec records are compressed with when first encoded
 
     def encoded(self) -> bytes | bytearray:
@@ -382,12 +384,14 @@ class AsyncProducer:
     async def send_and_wait(self, topic: str, value, **kwargs) -> tuple[int, int]:
         return await (await self.send(topic, value, **kwargs))
 
-    async def send_batch(
-        self, topic: str, partition: int, records: bytes | Sequence[Record]
-    ) -> asyncio.Future:
+    async def send_batch(self, topic: str, partition: int, records: bytes | Sequence[Record],
+                         timestamp_ms: int | None = None) -> asyncio.Future:  # fmt: skip
         """Queue one prebuilt batch (encoded RecordBatch v2 bytes, or Records to encode once).
 
         The fast path for benchmarks: no per-record futures. Resolves to (partition, base offset).
+        With `timestamp_ms` the batch goes out dated then (baseTimestamp, and maxTimestamp
+        moved with it), as a producer dates the records it is given: a batch built once and
+        sent many times would otherwise keep the date it was built with.
         """
         if self._closing:
             raise KafkaError("send_batch() on a closed producer")
@@ -407,15 +411,21 @@ class AsyncProducer:
                 batch = self._new_batch((topic, partition))
         finally:
             self._waiting_sends -= 1
-        # Our own copy: bytes are kept as they are (none made), and with idempotence a
-        # bytearray, which encoded() numbers in place (the one copy). Without idempotence the
-        # batch goes out with the producer fields it came with.
-        batch.stamped = (header.producer_id, header.producer_epoch, header.base_sequence)
-        if self._idempotence is not None:
-            batch.raw = bytearray(raw)
-        else:
+        # Our own copy: bytes are kept as they are (none made); a batch numbered (idempotence)
+        # or dated is a bytearray, patched in place (the one copy), whose CRC encoded() makes
+        # anew in one pass when it first goes out. Without idempotence the batch keeps the
+        # producer fields it came with.
+        fields = (header.producer_id, header.producer_epoch, header.base_sequence)
+        batch.stamped = fields
+        if self._idempotence is None and timestamp_ms is None:
             batch.raw = bytes(raw)
-            batch.producer_id, batch.producer_epoch, batch.base_sequence = batch.stamped
+        else:
+            batch.raw = bytearray(raw)
+        if timestamp_ms is not None:
+            set_create_time(batch.raw, timestamp_ms)
+            batch.stamped = None  # its CRC is stale until encoded() makes it anew
+        if self._idempotence is None:
+            batch.producer_id, batch.producer_epoch, batch.base_sequence = fields
         batch.count, batch.closed = header.records_count, True
         batch.size = batch.reserved = len(raw)
         self._wakeup.set()
@@ -890,8 +900,9 @@ class Producer:
              headers: Iterable | Mapping = (), timestamp_ms: int | None = None) -> concurrent.futures.Future:  # fmt: skip
         return self._enqueue("send", (topic, value, key, partition, headers, timestamp_ms))
 
-    def send_batch(self, topic: str, partition: int, records) -> concurrent.futures.Future:
-        return self._enqueue("batch", (topic, partition, records))
+    def send_batch(self, topic: str, partition: int, records,
+                   timestamp_ms: int | None = None) -> concurrent.futures.Future:  # fmt: skip
+        return self._enqueue("batch", (topic, partition, records, timestamp_ms))
 
     def _enqueue(self, kind: str, args: tuple) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()

@@ -14,9 +14,9 @@ pool up to a fifth of its records/s.)
 
 Clients:
 - `own`: localcluster's AsyncProducer, `send_batch` of one prebuilt batch (`encode_batch`, built
-  once, about 64 KiB; each send a copy dated then, `DatedBatch`) round robin over the given
-  partitions, a bounded number of batches outstanding per process. Latency is per batch (every record of a batch is acknowledged at the
-  same moment), or with `per_record_latency` counted once for each record of the batch.
+  once, about 64 KiB, each send dated then) round robin over the given partitions, a bounded
+  number of batches outstanding per process. Latency is per batch (every record of a batch is acknowledged at the same moment), or with
+  `per_record_latency` counted once for each record of the batch.
 - `confluent`: confluent-kafka (librdkafka) `produce()` per record, librdkafka's partitioner and
   batching (`linger.ms` 5, `batch.size` 64 KiB), a delivery callback on every record. Latency is
   per record.
@@ -343,15 +343,14 @@ class Latency:
 
 async def _run_own(job: Job, ready, report) -> dict:
     from localcluster.client import AsyncProducer
-    from localcluster.storage.record_batch import DatedBatch
 
     batch_records = batch_records_for(job.record_size, load_batch_bytes(job.client_config))
     if job.records:
         batch_records = min(batch_records, job.records)
-    batch = DatedBatch(build_batch(batch_records, job.record_size))
+    batch = build_batch(batch_records, job.record_size)
     # With a record count: `full` whole batches, then one of the remaining records.
     full, rest = divmod(job.records, batch_records) if job.records else (math.inf, 0)
-    last = DatedBatch(build_batch(rest, job.record_size)) if rest else None
+    last = build_batch(rest, job.record_size) if rest else None
     batches = full + (1 if rest else 0)
     hist = Latency()
     state = {"acked": 0, "errors": 0, "last": 0.0, "first_error": None}
@@ -380,10 +379,10 @@ async def _run_own(job: Job, ready, report) -> dict:
 
     probe = loop_probe.start_from_env("load")  # opt-in: LOCALCLUSTER_LOOP_PROBE
     async with AsyncProducer(config, acks=job.acks, **where) as producer:
-        warmup = DatedBatch(build_batch(1, job.record_size))
+        warmup = build_batch(1, job.record_size)
         # Connect to every leader before the clock starts: one record per partition, all in
         # flight together (one at a time, 3,000 partitions outlasted the ready deadline).
-        warmed = [await producer.send_batch(job.topic, partition, warmup.at(now_ms()))
+        warmed = [await producer.send_batch(job.topic, partition, warmup, timestamp_ms=now_ms())
                   for partition in job.partitions]  # fmt: skip
         await asyncio.gather(*warmed)
         start_at = await asyncio.to_thread(ready)
@@ -403,7 +402,7 @@ async def _run_own(job: Job, ready, report) -> dict:
             due = schedule.latency_start(due)
             partition = job.partitions[sent % len(job.partitions)]
             this, count = (last, rest) if sent == full else (batch, batch_records)
-            future = await producer.send_batch(job.topic, partition, this.at(now_ms()))
+            future = await producer.send_batch(job.topic, partition, this, timestamp_ms=now_ms())
             future.add_done_callback(lambda f, d=due, n=count: done(f, d, n))
             sent += 1
             sent_records += count

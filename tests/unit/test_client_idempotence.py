@@ -270,6 +270,25 @@ def test_prebuilt_batches_are_numbered_with_a_valid_crc_and_the_callers_bytes_ke
         assert sent[61:] == raw[61:]  # the records as they were
 
 
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_a_prebuilt_batch_given_a_timestamp_goes_out_dated_with_a_valid_crc(idempotent):
+    raw = encode_batch([Record(b"a", timestamp=5), Record(b"b", timestamp=7)])
+    kept = bytes(raw)
+
+    async def body(producer):
+        return [await (await producer.send_batch("t", 0, raw, timestamp_ms=1_796_000_000_000 + i))
+                for i in range(2)]  # fmt: skip
+
+    fake, results = run_with_fake([], body, linger_ms=0, enable_idempotence=idempotent)
+    assert results == [(0, 0), (0, 2)] and raw == kept
+    for i, sent in enumerate(fake.raw[0]):
+        header = validate_batch(sent, 0, check_crc=True)
+        assert (header.base_timestamp, header.max_timestamp) == (
+            1_796_000_000_000 + i, 1_796_000_000_002 + i)  # fmt: skip
+        assert header.producer_id == (1000 if idempotent else -1)
+        assert sent[61:] == raw[61:]
+
+
 def test_without_idempotence_batches_go_out_as_before():
     raw = encode_batch([Record(b"x")])
 
