@@ -185,6 +185,9 @@ def render(report: dict, say) -> None:
     say(f"  {report['cycles']} fault cycles ({report['skipped']} skipped), {report['sent']} records sent, "
         f"{report['acknowledged']} acknowledged, {report['failed']} failed, {report['lost']} lost, "
         f"{report['duplicated']} duplicated, {report['moved']} at another offset")  # fmt: skip
+    if report.get("below_log_start"):
+        say(f"  {report['below_log_start']} acknowledged records lie below their partition's log "
+            "start offset (deleted by retention or DeleteRecords, not lost)")  # fmt: skip
     for p, row in sorted(report["unavailability"].items(), key=lambda kv: int(kv[0])):
         say(f"  p{p}: no serving leader for {row['no_leader_ms']} ms in {len(row['no_leader_windows'])} windows; "
             f"{row['ack_gaps_ms']} ms in acknowledgement gaps over 1 s")  # fmt: skip

@@ -865,13 +865,14 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
         short = engine.wait_isr_full(RECOVER_TIMEOUT_S)
         if short:
             say(f"chaos: ISRs still short after {RECOVER_TIMEOUT_S:.0f} s: {'; '.join(short)}")
-        log_records = high_watermarks = None
+        log_records = high_watermarks = log_starts = None
         if group is not None:
-            log_records, high_watermarks = chaos_check.consume_all(
+            log_records, high_watermarks, log_starts = chaos_check.consume_all(
                 cluster_dir, topic, list(range(partitions))
             )
         result = chaos_check.check(cluster_dir, topic, load.acks, since_ms=started_wall_ms - 1000,
-                                   consumed=log_records, high_watermarks=high_watermarks)  # fmt: skip
+                                   consumed=log_records, high_watermarks=high_watermarks,
+                                   log_starts=log_starts)  # fmt: skip
         if short:
             result["problems"].append(f"ISRs not full at the end: {'; '.join(short)}")
         failures = defaultdict(int)
@@ -886,6 +887,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
             "cycles": engine.cycles, "skipped": engine.skipped, "fault_phase_s": round(fault_phase_s, 3),
             "sent": load.sent, "acknowledged": len(load.acks), "failed": len(load.failed),
             "failures": dict(failures), "lost": result["lost"], "lost_records": result["lost_records"],
+            "below_log_start": result["below_log_start"],
             "lost_by_partition": result["lost_by_partition"], "duplicated": result["duplicated"],
             "moved": result["moved"], "moved_records": result["moved_records"],
             "unacknowledged_present": result["unacknowledged_present"],

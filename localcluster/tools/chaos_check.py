@@ -6,7 +6,8 @@ with full ISRs, it consumes every partition from its start to the high watermark
 
 - every acknowledged record is present exactly once, at the offset it was acknowledged at
   (a record present twice is a duplicate from a producer retry: counted, never hidden;
-  a record absent is lost; a record at another offset moved);
+  a record absent is lost, unless its offset lies below the partition's log start offset,
+  where retention or DeleteRecords deleted it; a record at another offset moved);
 - the consumed offsets are contiguous and increasing, from the log start to the HW;
 - every replica's log is byte-identical to the leader's below the HW (segment files read
   read-only with plain mmaps, never through Log.open, which would recover a live log);
@@ -133,8 +134,9 @@ def broker_log_events(
 
 
 def consume_all(cluster_dir: Path, topic: str, partitions: list[int],
-                timeout_s: float = CONSUME_TIMEOUT_S) -> tuple[dict, dict]:  # fmt: skip
-    """{partition: [(offset, value bytes)]} from the log start to the HW, and {partition: HW}."""
+                timeout_s: float = CONSUME_TIMEOUT_S) -> tuple[dict, dict, dict]:  # fmt: skip
+    """{partition: [(offset, value bytes)]} from the log start to the HW, {partition: HW} and
+    {partition: log start offset}, taken last (retention may move it while this reads)."""
     from localcluster.client import Consumer
 
     tps = [(topic, p) for p in partitions]
@@ -153,7 +155,8 @@ def consume_all(cluster_dir: Path, topic: str, partitions: list[int],
             for record in consumer.poll(500):
                 if record.offset < ends[(record.topic, record.partition)]:
                     out[record.partition].append((record.offset, record.value))
-    return out, {tp[1]: ends[tp] for tp in tps}
+        starts = consumer.beginning_offsets(tps)
+    return out, {tp[1]: ends[tp] for tp in tps}, {tp[1]: starts[tp] for tp in tps}
 
 
 def check_offsets(
@@ -294,7 +297,8 @@ def explain_loss(ack: Ack, topic: str, events: list[LogEvent], protocol: str) ->
 
 
 def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
-          consumed: dict | None = None, high_watermarks: dict | None = None) -> dict:  # fmt: skip
+          consumed: dict | None = None, high_watermarks: dict | None = None,
+          log_starts: dict | None = None) -> dict:  # fmt: skip
     """Consume, compare, and report. `since_ms` limits the log lines read to this run."""
     from localcluster.coord import connect
     from localcluster.coord.kafka_zk import KafkaZkClient
@@ -309,7 +313,7 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
     finally:
         zk.coord.stop()
     if consumed is None:
-        consumed, high_watermarks = consume_all(cluster_dir, topic, partitions)
+        consumed, high_watermarks, log_starts = consume_all(cluster_dir, topic, partitions)
     events = broker_log_events(cluster_dir, spec.brokers, topic, since_ms)
     report = {"topic": topic, "acknowledged": len(acks), "lost": 0, "lost_records": [], "moved": 0,
               "moved_records": [], "duplicated": 0, "unacknowledged_present": 0, "partitions": {},
@@ -319,12 +323,13 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
     for p in partitions:
         records = consumed.get(p, [])
         hw = high_watermarks[p]
-        log_start = records[0][0] if records else hw
+        log_start = log_starts[p]
         state, _ = states[p] or (None, None)
         row = {"high_watermark": hw, "records": len(records), "leader": state.leader if state else -1,
                "leader_epoch": state.leader_epoch if state else -1,
                "isr": list(state.isr) if state else [], "duplicated": 0}  # fmt: skip
-        problems = [f"{topic}-{p}: {x}" for x in check_offsets(records, 0, hw)]
+        kept = [r for r in records if r[0] >= log_start]  # read before retention moved on
+        problems = [f"{topic}-{p}: {x}" for x in check_offsets(kept, log_start, hw)]
         if state is not None and state.leader >= 0:
             problems += [f"{topic}-{p}: {x}" for x in check_replicas(
                 cluster_dir, spec, topic, p, state.leader, assignment.partitions[p], hw)]  # fmt: skip
@@ -349,9 +354,12 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
     report["duplicated"] = sum(r["duplicated"] for r in report["partitions"].values())
     report["problems"] += [f"{topic}-{x}" for x in check_epochs(events)]
     lost = []
+    below_start = 0  # deleted with the log's start (retention, DeleteRecords): not lost
     for a in acks:
         places = found.get((a.key, a.sequence), [])
-        if not places:
+        if not places and a.offset < log_starts.get(a.partition, 0):
+            below_start += 1
+        elif not places:
             lost.append(a)
         elif (a.partition, a.offset) not in places:
             report["moved"] += 1
@@ -360,6 +368,7 @@ def check(cluster_dir: Path, topic: str, acks: list[Ack], *, since_ms: int = 0,
                                                 "acked_offset": a.offset, "found_at": places})  # fmt: skip
     report["unacknowledged_present"] = sum(1 for k in found if k not in acked_by_value)
     report["lost"] = len(lost)
+    report["below_log_start"] = below_start
     per_partition = max(1, -(-LOSS_EXAMPLES // max(1, len(partitions))))
     examples = [
         a for p in partitions for a in [x for x in lost if x.partition == p][:per_partition]

@@ -95,6 +95,25 @@ def test_defaults_find_no_loss_and_print_the_schedule(tmp_path):
 
 
 @pytest.mark.slow
+def test_under_retention_records_below_the_log_start_are_deleted_not_lost(tmp_path):
+    """Retention deletes segments while brokers are killed, and new segments reuse the deleted
+    ones' files (storage/segment.py, "Reused files"): nothing acknowledged above the log start
+    is lost, what lies below it is counted apart, and the replicas still agree."""
+    result = run_chaos_command(tmp_path, "--duration", "8", "--kill-every", "400", "--seed", "12",
+                               "--rate", "5000", "--set", "log.segment.bytes=16384",
+                               "--set", "log.retention.bytes=49152",
+                               "--set", "log.retention.check.interval.ms=300")  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.split("report: ", 1)[1].splitlines()[0])
+    assert report["verdict"] == "OK" and report["lost"] == 0 and report["problems"] == [], report
+    assert 0 < report["below_log_start"] < report["acknowledged"], report
+    assert all(row["log_start_offset"] > 0 for row in report["partition_states"].values())
+    assert "lie below their partition's log start offset" in out
+    assert_cleaned_up(tmp_path)
+
+
+@pytest.mark.slow
 def test_a_consumer_group_consumes_every_acknowledged_record_and_its_commits_never_go_back(
     tmp_path,
 ):

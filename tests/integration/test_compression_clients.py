@@ -121,8 +121,9 @@ def check_read_back(cli, topic: str, codec: str, lines: list[str]) -> None:
     assert dumped.returncode == 0, dumped.stderr
     assert codec in dumped.stdout and "unreadable" not in dumped.stdout
     assert f"{RECORDS - 1}={lines[-1][:30]}" in dumped.stdout.replace("\n", "")
-    checked, high_watermarks = chaos_check.consume_all(cli.cluster_dir, topic, [0], timeout_s=20)
-    assert high_watermarks == {0: RECORDS}
+    checked, high_watermarks, log_starts = chaos_check.consume_all(cli.cluster_dir, topic, [0],
+                                                                   timeout_s=20)  # fmt: skip
+    assert high_watermarks == {0: RECORDS} and log_starts == {0: 0}
     assert [v.decode() for _, v in checked[0]] == lines
 
 
