@@ -151,7 +151,7 @@ class LogSegment:
                       max_index_entries: int) -> LogSegment:  # fmt: skip
         segment = cls(directory, base_offset, capacity, max_index_entries)
         segment._file = open(segment.path, "r+b", buffering=0)
-        segment.reused = _has_reused_mark(segment._file.fileno())
+        segment.reused = has_reused_mark(segment._file.fileno())
         file_size = os.fstat(segment._file.fileno()).st_size
         segment.size = file_size
         segment._map(file_size)
@@ -489,7 +489,8 @@ def _write_vector(fd: int, data, after: bytes, position: int) -> None:
         _write_fully(fd, memoryview(joined)[written:], position + written)
 
 
-def _has_reused_mark(fd: int) -> bool:
+def has_reused_mark(fd: int) -> bool:
+    """The file was another segment's: its old bytes may follow the last batch."""
     try:
         os.getxattr(fd, REUSED_ATTRIBUTE)
     except OSError:  # ENODATA, or a filesystem without attributes

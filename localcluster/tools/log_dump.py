@@ -18,7 +18,7 @@ from localcluster.metadata_types import OFFSETS_TOPIC
 from localcluster.storage import record_batch as rb
 from localcluster.storage.checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError
 from localcluster.storage.leader_epoch_cache import LeaderEpochCache
-from localcluster.storage.segment import SUFFIX, zeros_only
+from localcluster.storage.segment import HEAD_BYTES, SUFFIX, has_reused_mark, zeros_only
 
 
 def dump(directory: Path, show_records: bool = False, limit: int = 50) -> int:
@@ -89,6 +89,12 @@ def _dump_segment(console: Console, path: Path, show_records: bool, limit: int,
             if zeros_only(f.fileno(), mm, position, size):
                 console.print(f"{size - position} bytes of preallocated zeros follow position "
                               f"{position}")  # fmt: skip
+            elif has_reused_mark(f.fileno()) and zeros_only(
+                f.fileno(), mm, position, min(position + HEAD_BYTES, size)
+            ):
+                console.print(f"the log ends at position {position}: this file was a deleted "
+                              f"segment's, and the {size - position} bytes after the zero head "
+                              "are its old bytes (docs/storage.md)")  # fmt: skip
             else:
                 console.print(f"[red]invalid batch at position {position}: {problem}; recovery "
                               f"would cut the {size - position} bytes from there[/red]")  # fmt: skip

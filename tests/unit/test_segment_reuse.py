@@ -235,3 +235,17 @@ def test_a_reused_file_killed_before_its_first_batch_holds_nothing(directory, tm
         assert recovered.cuts == [] and contents(recovered) == written
     finally:
         recovered.close()
+
+
+def test_the_log_dump_reads_a_live_reused_segment_to_its_last_batch(directory, capsys):
+    from localcluster.tools import log_dump
+
+    log = Log.open(directory, config())
+    try:
+        fill_until_reused(log)
+        log.append(batch(1, 10), leader_epoch=1)
+        assert log_dump.dump(directory) == 0  # not "recovery would cut": the old bytes
+        out = capsys.readouterr().out
+        assert "this file was a deleted segment's" in out and "recovery would cut" not in out
+    finally:
+        log.close()
