@@ -79,6 +79,25 @@ def crash_copy(log: Log, where: Path) -> Path:
     return where
 
 
+def retire_until_spare(log: Log) -> None:
+    """Big batches and retention until a retired segment's file is kept as the spare."""
+    for _ in range(40):
+        log.append(batch(3, 900), leader_epoch=1)
+        log.delete_old_segments(now_ms=0)
+        if list(log.directory.glob("*" + SPARE_SUFFIX)):
+            return
+    raise AssertionError("retention kept no spare file")
+
+
+def assert_recovers_as_written(copy: Path, written: list) -> None:
+    """Opened after the crash: no cut, and exactly the batches written."""
+    recovered = Log.open(copy, config())
+    try:
+        assert recovered.cuts == [] and contents(recovered) == written
+    finally:
+        recovered.close()
+
+
 def test_a_retired_file_serves_the_next_segment_and_a_clean_close_trims_it(directory):
     log = Log.open(directory, config())
     try:
@@ -96,11 +115,7 @@ def test_a_retired_file_serves_the_next_segment_and_a_clean_close_trims_it(direc
     # closed: the old bytes are cut off, the mark and the spare are gone
     assert os.path.getsize(active.path) == active.size and not marked(active.path)
     assert not list(directory.glob("*" + SPARE_SUFFIX))
-    again = Log.open(directory, config())
-    try:
-        assert again.cuts == [] and contents(again) == written
-    finally:
-        again.close()
+    assert_recovers_as_written(directory, written)
 
 
 def test_a_crash_in_a_reused_segment_loses_nothing_and_cuts_nothing(directory, tmp_path, caplog):
@@ -140,11 +155,7 @@ def test_a_batch_cut_before_its_head_was_written_is_dropped_without_a_cut(direct
         copy = crash_copy(log, tmp_path / "crashed")
     finally:
         log.close()
-    recovered = Log.open(copy, config())
-    try:
-        assert recovered.cuts == [] and contents(recovered) == written
-    finally:
-        recovered.close()
+    assert_recovers_as_written(copy, written)
 
 
 def test_damage_inside_a_reused_segment_is_still_cut_and_reported(directory, tmp_path):
@@ -177,12 +188,7 @@ def test_damage_inside_a_reused_segment_is_still_cut_and_reported(directory, tmp
 def test_a_spare_never_serves_a_segment_below_its_old_offsets(directory):
     log = Log.open(directory, config())
     try:
-        for _ in range(40):  # retention until a retired file is kept as the spare
-            log.append(batch(3, 900), leader_epoch=1)
-            log.delete_old_segments(now_ms=0)
-            if list(directory.glob("*" + SPARE_SUFFIX)):
-                break
-        assert list(directory.glob("*" + SPARE_SUFFIX))
+        retire_until_spare(log)
         log.truncate_fully_and_start_at(0)  # below every old offset: the spare goes
         assert not list(directory.glob("*" + SPARE_SUFFIX))
         log.append(batch(3, 900), leader_epoch=2)
@@ -219,22 +225,14 @@ def test_spare_files_of_a_dead_process_are_removed_when_the_log_opens(directory)
 def test_a_reused_file_killed_before_its_first_batch_holds_nothing(directory, tmp_path):
     log = Log.open(directory, config())
     try:
-        for _ in range(40):  # retention until a retired file is kept as the spare
-            log.append(batch(3, 900), leader_epoch=1)
-            log.delete_old_segments(now_ms=0)
-            if list(directory.glob("*" + SPARE_SUFFIX)):
-                break
+        retire_until_spare(log)
         log.roll()  # empty, in the retired file: its old first batch was cleared away
         assert log.active_segment.reused and log.active_segment.size == 0
         written = contents(log)
         copy = crash_copy(log, tmp_path / "crashed")
     finally:
         log.close()
-    recovered = Log.open(copy, config())
-    try:
-        assert recovered.cuts == [] and contents(recovered) == written
-    finally:
-        recovered.close()
+    assert_recovers_as_written(copy, written)
 
 
 def test_the_log_dump_reads_a_live_reused_segment_to_its_last_batch(directory, capsys):
