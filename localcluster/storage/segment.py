@@ -288,17 +288,13 @@ class LogSegment:
 
     def delete(self) -> None:
         """Unlink the files. Open slices keep the data readable until they are dropped."""
-        self.appendable = False
-        self.index.close()
-        for path in (self.path, self.index.offset_path, self.index.time_path):
-            path.unlink(missing_ok=True)
+        self._unlink_files(self.path)
         # The map and the file object stay referenced by any FileSlice still in flight (for
         # view() as for sendfile); both go when the last reference to this segment does, and
         # then on the reclaim thread: unmapping and closing free the file's pages, which took
         # the event loop 0.4+ ms per MiB (reclaim.py).
         if self._mm is not None or self._file is not None:
-            finalizer = weakref.finalize(self, reclaim.RECLAIMER.release, self._mm, self._file)
-            finalizer.atexit = False  # at exit the process's pages go with it
+            self._when_unreferenced(reclaim.RECLAIMER.release, self._mm, self._file)
 
     def retire(self, spares: SpareFiles) -> None:
         """Delete the segment as `delete` does, but hand its data file to `spares` for the log's
@@ -314,15 +310,22 @@ class LogSegment:
             log.info("%s: not kept for reuse (%s)", self.path, e)
             self.delete()
             return
-        self.appendable = False
-        self.index.close()
-        for path in (self.index.offset_path, self.index.time_path):
-            path.unlink(missing_ok=True)
+        self._unlink_files()
         # The new segment maps the file afresh: this map goes to the reclaim thread with the
         # last reader, as on delete.
         spare = SpareFile(spare_path, self._file, self.next_offset)
-        finalizer = weakref.finalize(self, _hand_over, spares, spare, self._mm)
-        finalizer.atexit = False
+        self._when_unreferenced(_hand_over, spares, spare, self._mm)
+
+    def _unlink_files(self, *also: Path) -> None:
+        """No more appends; the index files, and `also`, unlinked."""
+        self.appendable = False
+        self.index.close()
+        for path in (*also, self.index.offset_path, self.index.time_path):
+            path.unlink(missing_ok=True)
+
+    def _when_unreferenced(self, callback, *args) -> None:
+        finalizer = weakref.finalize(self, callback, *args)
+        finalizer.atexit = False  # at exit the process's pages go with it
 
     def _clear_reused_mark(self) -> None:
         self.reused = False
