@@ -154,6 +154,9 @@ def render_group(group: dict, say) -> None:
     say(f"  group {group['group_id']}: {group['consumers']} consumers, {group['consumed']} records consumed "
         f"({group['reconsumed']} re-consumed), {group['commits']} commits ({group['commits_failed']} failed), "
         f"drained in {group['drain_s']:.1f} s" + ("" if group["drained"] else " (timed out)"))  # fmt: skip
+    if group.get("deleted_before_read"):
+        say(f"  {group['deleted_before_read']} acknowledged records were deleted below their partition's "
+            "log start before the group read them (retention or DeleteRecords, not missed)")  # fmt: skip
     if group.get("commit_wait_ms"):
         say(f"  a synchronous commit waited {group['commit_wait_ms']['p50']} ms (p50), "
             f"{group['commit_wait_ms']['max']} ms at most")  # fmt: skip

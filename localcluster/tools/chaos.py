@@ -781,19 +781,19 @@ def start_group(engine: Engine, cluster_dir: Path, spec, topic: str, group_id: s
 
 
 def finish_group(engine: Engine, group, acks, log_records: dict, high_watermarks: dict,
-                 drain_s: float, started_wall_ms: int, say) -> dict:  # fmt: skip
+                 log_starts: dict, drain_s: float, started_wall_ms: int, say) -> dict:  # fmt: skip
     """The drain (faults over: until every acknowledged record was consumed and committed up
     to the HW, at most drain_s), the members stopped, the final OffsetFetch, the checks."""
     exited = group.exited()  # before we stop them: these died during the run
     say(f"chaos: draining the consumers (at most {drain_s:g} s)")
     started = time.monotonic()
-    drained = group.wait_drained(acks, high_watermarks, drain_s, engine.check_cluster)
+    drained = group.wait_drained(acks, high_watermarks, log_starts, drain_s, engine.check_cluster)
     drain_took_s = time.monotonic() - started
     group.stop()
     committed, why = group.fetch_committed()
     result = chaos_check.check_group(acks, group.events, sorted(high_watermarks), committed,
-                                     log_records=log_records, fetch_error=why,
-                                     since_ms=started_wall_ms)  # fmt: skip
+                                     log_records=log_records, log_starts=log_starts,
+                                     fetch_error=why, since_ms=started_wall_ms)  # fmt: skip
     say(f"chaos: consumers drained in {drain_took_s:.1f} s ({'complete' if drained else 'timed out'}), "
         f"{result['consumed']} records consumed, {result['reconsumed']} re-consumed")  # fmt: skip
     return {"group_id": group.group, "drain_s": round(drain_took_s, 3), "drained": drained,
@@ -901,7 +901,7 @@ def run_chaos(duration_s: float = 60.0, kill_every_ms: int = 500, targets=("lead
             report["problems"].append(f"the producer thread failed: {load.error!r}")
         if group is not None:
             report["group"] = finish_group(engine, group, load.acks, log_records, high_watermarks,
-                                           consumer_drain_s, started_wall_ms, say)  # fmt: skip
+                                           log_starts, consumer_drain_s, started_wall_ms, say)  # fmt: skip
             report["warnings"] += [
                 f"consumer {x} during the run" for x in report["group"]["exited_during_run"]
             ]

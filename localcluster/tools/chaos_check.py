@@ -470,12 +470,20 @@ def ownership(logs: dict[str, list[dict]], since_ms: int) -> dict[str, list]:
 
 
 def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, committed: dict[int, int] | None,
-                *, log_records: dict | None = None, fetch_error: str = "", since_ms: int = 0) -> dict:  # fmt: skip
+                *, log_records: dict | None = None, log_starts: dict | None = None,
+                fetch_error: str = "", since_ms: int = 0) -> dict:  # fmt: skip
     """The consumer group's two checks, from the acknowledgements, the members' event lines
     (tools/chaos_consumer.py) and the final OffsetFetch: every acknowledged record consumed at
     least once (at its offset, with its value), and per partition the successful commits never
     going backwards and the final committed offset equal to the last of them. Re-consumed
-    records (at-least-once after a rebalance) are counted, not a failure."""
+    records (at-least-once after a rebalance) are counted, not a failure.
+
+    With log_starts (per partition, taken after the log was read), an acknowledged record below
+    its partition's log start that no member read was deleted (retention, DeleteRecords) before
+    the group reached it: counted as `deleted_before_read`, not missed. A record read below the
+    log start is checked against what was acknowledged at that offset, since the log no longer
+    holds it."""
+    log_starts = log_starts or {}
     reads = defaultdict(list)  # (partition, offset) -> [value, ...] over every member
     errors = {}
     for name, events in logs.items():
@@ -484,7 +492,8 @@ def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, commit
             if e["e"] == "r":
                 reads[(e["p"], e["o"])].append(e["v"])
     consumed = {(p, o, v) for (p, o), values in reads.items() for v in values}
-    missed = [a for a in acks if (a.partition, a.offset, a.value) not in consumed]
+    unread = [a for a in acks if (a.partition, a.offset, a.value) not in consumed]
+    missed = [a for a in unread if a.offset >= log_starts.get(a.partition, 0)]
     reconsumed = defaultdict(int)
     for (p, _), values in reads.items():
         reconsumed[str(p)] += len(values) - 1
@@ -492,7 +501,9 @@ def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, commit
     if log_records is not None:
         logged = {(p, o): v.decode("utf-8", "replace") if isinstance(v, bytes) else v
                   for p, records in log_records.items() for o, v in records}  # fmt: skip
-        foreign = [(p, o, v) for (p, o, v) in sorted(consumed) if logged.get((p, o)) != v]
+        acked = {(a.partition, a.offset): a.value for a in acks}
+        foreign = [(p, o, v) for (p, o, v) in sorted(consumed)
+                   if (logged.get((p, o)) if o >= log_starts.get(p, 0) else acked.get((p, o), v)) != v]  # fmt: skip
     succeeded, failed = group_commits(logs)
     backwards, mismatches = check_commits(
         succeeded, failed, committed, partitions, since_ms, fetch_error
@@ -506,6 +517,7 @@ def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, commit
     return {
         "consumers": len(logs), "consumed": sum(len(v) for v in reads.values()),
         "consumed_distinct": len(reads), "missed": len(missed),
+        "deleted_before_read": len(unread) - len(missed),
         "missed_records": [{"value": a.value, "partition": a.partition, "offset": a.offset}
                            for a in missed[:LOSS_EXAMPLES]],
         "reconsumed": sum(reconsumed.values()), "reconsumed_by_partition": dict(reconsumed),

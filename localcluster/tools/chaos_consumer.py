@@ -252,10 +252,14 @@ class ConsumerGroup:
 
         return bool(wait_until(assigned, timeout_s, 0.05))
 
-    def wait_drained(self, acks, high_watermarks: dict[int, int], timeout_s: float, check) -> bool:
-        """Until every acknowledged record was consumed and every partition committed up to its
-        high watermark, or timeout_s (the faults are over; the checker says what is missing)."""
-        wanted = {(a.partition, a.offset, a.value) for a in acks}
+    def wait_drained(self, acks, high_watermarks: dict[int, int], log_starts: dict[int, int],
+                     timeout_s: float, check) -> bool:  # fmt: skip
+        """Until every acknowledged record at or above its partition's log start offset was
+        consumed and every partition committed up to its high watermark, or timeout_s (the
+        faults are over; the checker says what is missing). Records below the log start were
+        deleted (retention, DeleteRecords) and no consumer can read them any more."""
+        wanted = {(a.partition, a.offset, a.value) for a in acks
+                  if a.offset >= log_starts.get(a.partition, 0)}  # fmt: skip
 
         def drained():
             check()

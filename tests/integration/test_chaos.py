@@ -114,6 +114,32 @@ def test_under_retention_records_below_the_log_start_are_deleted_not_lost(tmp_pa
 
 
 @pytest.mark.slow
+def test_under_retention_a_paused_group_is_not_blamed_for_records_deleted_before_it_read_them(
+    tmp_path,
+):
+    """The group's members are paused (SIGSTOP, one of them for 8.9 s with seed 13) while
+    retention deletes: what was deleted before they read it is counted apart, what they read
+    before its deletion is checked against what was acknowledged there, and the drain does not
+    wait for records no consumer can read any more."""
+    result = run_chaos_command(tmp_path, "--duration", "8", "--kill-every", "400", "--seed", "13",
+                               "--rate", "5000", "--set", "log.segment.bytes=16384",
+                               "--set", "log.retention.bytes=49152",
+                               "--set", "log.retention.check.interval.ms=300",
+                               "--consumers", "2", "--targets", "consumer", "--faults", "stop")  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.split("report: ", 1)[1].splitlines()[0])
+    group = report["group"]
+    assert report["verdict"] == "OK" and report["lost"] == 0, report
+    assert group["drained"] and group["at_least_once"] and group["commits_never_backwards"], group
+    assert group["missed"] == 0 and group["not_in_log"] == 0, group
+    assert 0 < group["deleted_before_read"] <= report["below_log_start"], group
+    assert group["consumed_distinct"] > 0
+    assert "before the group read them (retention or DeleteRecords, not missed)" in out
+    assert_cleaned_up(tmp_path)
+
+
+@pytest.mark.slow
 def test_a_consumer_group_consumes_every_acknowledged_record_and_its_commits_never_go_back(
     tmp_path,
 ):

@@ -46,7 +46,8 @@ def good_run() -> dict[str, list[dict]]:
 
 def check(logs, committed=None, **kwargs):
     committed = {0: 2, 1: 1} if committed is None else committed
-    return check_group(ACKS, logs, [0, 1], committed, log_records=LOG, since_ms=START_MS, **kwargs)
+    kwargs.setdefault("log_records", LOG)
+    return check_group(ACKS, logs, [0, 1], committed, since_ms=START_MS, **kwargs)
 
 
 def test_a_good_run_passes_both_and_counts_what_was_read_twice():
@@ -76,6 +77,33 @@ def test_a_record_read_at_an_offset_that_holds_another_fails_the_first_check():
     result = check(logs)
     assert not result["at_least_once"]
     assert result["not_in_log"] == 1 and result["not_in_log_records"] == [[0, 1, "k9:000000007"]]
+
+
+def test_records_deleted_below_the_log_start_before_the_group_read_them_are_not_missed():
+    """Retention moved p0's log start to 2 before any member read p0: its two acknowledged
+    records are counted as deleted before read; p1's unread record above its start is missed."""
+    logs = {"consumer-0": [assign(0, 0, 1), commit(11, {0: 2, 1: 1})]}
+    log = {0: [], 1: [(0, b"k1:000000000")]}
+    result = check_group(ACKS, logs, [0, 1], {0: 2, 1: 1}, log_records=log, log_starts={0: 2, 1: 0},
+                         since_ms=START_MS)  # fmt: skip
+    assert result["deleted_before_read"] == 2 and result["missed"] == 1, result
+    assert result["missed_records"] == [{"value": "k1:000000000", "partition": 1, "offset": 0}]
+    assert not result["at_least_once"]
+    logs["consumer-0"].insert(1, record(10, 1, 0, "k1:000000000"))
+    result = check_group(ACKS, logs, [0, 1], {0: 2, 1: 1}, log_records=log, log_starts={0: 2, 1: 0},
+                         since_ms=START_MS)  # fmt: skip
+    assert result["at_least_once"] and result["missed"] == 0, result
+
+
+def test_a_record_read_below_the_log_start_is_checked_against_what_was_acknowledged_there():
+    log = {0: [], 1: [(0, b"k1:000000000")]}
+    result = check(good_run(), log_starts={0: 2, 1: 0}, log_records=log)
+    assert result["at_least_once"] and result["not_in_log"] == 0, result  # read before deletion
+    assert result["deleted_before_read"] == 0
+    logs = good_run()
+    logs["consumer-1"][1] = record(50, 0, 1, "k9:000000007")  # not what was acknowledged at 0/1
+    result = check(logs, log_starts={0: 2, 1: 0}, log_records=log)
+    assert not result["at_least_once"] and result["not_in_log_records"] == [[0, 1, "k9:000000007"]]
 
 
 def test_a_commit_going_backwards_across_members_fails_the_second_check():
