@@ -205,6 +205,19 @@ class Cluster:
         shutil.rmtree(self.data_root, ignore_errors=True)
 
 
+# Runs that write GBs (bench.commit, bench.e2e): every byte lands on three brokers' /dev/shm,
+# and this VM backs fresh pages 7x slower once a few GB have been written (bench/README.md,
+# "bench.commit's memory bounded by retention"). Such a topic keeps RETAINED_BYTES a partition
+# in SEGMENT_BYTES segments, the brokers check retention every RETENTION_CHECK_MS, and new
+# segments reuse the deleted ones' files: about 3.4 GB on the machine for 3 partitions of RF 3,
+# however long the run, as in a long-running cluster with retention.bytes.
+SEGMENT_BYTES = 64 << 20
+RETAINED_BYTES = 256 << 20
+RETENTION_CHECK_MS = 250
+BOUNDED_TOPIC_CONFIG = {"segment.bytes": str(SEGMENT_BYTES), "retention.bytes": str(RETAINED_BYTES)}
+BOUNDED_BROKER_SETTINGS = {"log.retention.check.interval.ms": str(RETENTION_CHECK_MS)}
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int,
                  config: dict[str, str] | None = None, timeout_s: float = 20.0) -> None:  # fmt: skip
     """CreateTopics through confluent-kafka's AdminClient, then wait until every partition

@@ -18,11 +18,13 @@ What is measured, in one run:
   the batch was due (rate-limited: its slot on the schedule, so a stall is not hidden by the
   sender waiting; full speed: the send_batch call) to its acknowledgement, in an
   HdrHistogram per process, merged. records/s counts acknowledged records over the timed
-  window (first send to last acknowledgement). A run ends after its seconds or after
-  RUN_RECORDS_MAX records, whichever comes first, and the topic has 64 MiB segments: each run
-  then writes at most 6 GB to the machine's /dev/shm and the DeleteRecords after it frees all
-  of it but the active segments, which keeps every run below the ~12 GB past which this VM
-  allocates pages 7x slower (bench/README.md).
+  window (first send to last acknowledgement). The topic keeps 256 MiB a partition in 64 MiB
+  segments and the brokers check retention every 250 ms (bench.broker's BOUNDED_TOPIC_CONFIG),
+  as a long-running cluster with retention.bytes does: a run's memory on /dev/shm stays near
+  3.4 GB however many records it writes, and new segments reuse the deleted ones' files. Without
+  it a run wrote every byte into fresh pages, and past a few GB this VM backs fresh pages 7x
+  slower: a 60M-record 1 MB run measured 2.0M records/s unbounded against 4.9-5.4M bounded
+  (bench/README.md, "bench.commit's memory bounded by retention").
 - first, untimed: WARM_UP_S of acks=all on each fresh cluster (without it the runs after the
   first timed one measured 12-51% above it in 5 of 6 quick runs, whatever their transport).
 - transports (issue 13), each an acks=all full-speed run beside the one above, with its ratio
@@ -71,6 +73,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.broker import (
+    BOUNDED_BROKER_SETTINGS,
+    BOUNDED_TOPIC_CONFIG,
     CLIENT_SASL,
     RECORD_VALUE_BYTES,
     SASL_CLIENT_LISTENER,
@@ -92,12 +96,6 @@ MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
 GOAL_P99_MS = 5.0
 WARM_UP_S = 1.0  # an untimed acks=all run on each fresh cluster first (see bench/README.md)
-# What one run may write: every byte lands on three brokers' /dev/shm, and on the 2-core VM
-# the kernel allocates pages 7x slower once ~12 GB of them are in use (bench/README.md,
-# "Writing segments with pwrite"); 20M records of 100 bytes are 6 GB on the machine.
-RUN_RECORDS_MAX = 20_000_000
-# Small segments, so the DeleteRecords after each run frees all but the active one's pages.
-SEGMENT_BYTES = 64 << 20
 GOAL_TCP_RATIO = 0.8  # issue 13: replication over TCP vs the Unix sockets
 GOAL_IDEMPOTENT_RATIO = 0.95  # issue 14: enable.idempotence=true vs false, acks=all
 IDEMPOTENT = {"enable.idempotence": "true"}
@@ -382,11 +380,11 @@ def plot(runs: list[dict], path: Path, title: str) -> Path | None:
 
 
 def start_cluster(cluster: Cluster, partitions: int) -> dict[int, int]:
-    """Three brokers, the topic (RF 3, min.insync.replicas 2, 64 MiB segments) with full ISRs;
-    its leaders."""
+    """Three brokers, the topic (RF 3, min.insync.replicas 2, memory bounded by retention:
+    BOUNDED_TOPIC_CONFIG) with full ISRs; its leaders."""
     cluster.start(BROKERS)
     create_topic(cluster.bootstrap, TOPIC, partitions, 3,
-                 {"min.insync.replicas": "2", "segment.bytes": str(SEGMENT_BYTES)})  # fmt: skip
+                 {"min.insync.replicas": "2", **BOUNDED_TOPIC_CONFIG})  # fmt: skip
     cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
                                    for p in range(partitions)), 30, "full ISRs")  # fmt: skip
     return {p: cluster.partition_state(TOPIC, p).leader for p in range(partitions)}
@@ -559,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     raw = raw_three_copy(batch, batch_records, scale.raw_bytes)  # before any broker runs
     raw["records_per_s"] = raw["records"] / raw["seconds"]
     raw["mb_per_s"] = raw["records"] * RECORD_VALUE_BYTES / raw["seconds"] / MB
-    settings = {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false"}
+    settings = {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false",
+                **BOUNDED_BROKER_SETTINGS}  # fmt: skip
     # The Unix-socket cluster also has a SASL_PLAINTEXT client listener, so the SASL clients'
     # row runs on the very brokers, topic and leaders of the PLAINTEXT row. Replication over
     # TCP is a broker setting: a second cluster, idle (brokers long-polling) except in its run.
@@ -575,14 +574,13 @@ def main(argv: list[str] | None = None) -> int:
         def job(on: Cluster, bootstrap: str | None = None, **extra) -> dict:
             return dict(client="own", bootstrap=bootstrap or on.bootstrap, topic=TOPIC,
                         partitions=list(range(args.partitions)), record_size=RECORD_VALUE_BYTES,
-                        seconds=run_s, records=RUN_RECORDS_MAX, outstanding=args.outstanding,
+                        seconds=run_s, outstanding=args.outstanding,
                         cpu_of={f"broker {b.broker_id}": b.pid for b in on.brokers.values()}, **extra)  # fmt: skip
 
         def settle(on: Cluster) -> None:
             """The high watermarks stopped moving; then the records so far are deleted
-            (DeleteRecords to the HW): 15 s runs write 1.5 GB a replica each on /dev/shm, and
-            a full run's dozen of them filled memory (the brokers then answered storage errors
-            until the batches expired)."""
+            (DeleteRecords to the HW), so that every run starts from logs of one empty active
+            segment, whatever the run before it left within the retention."""
             settled_end_offsets(
                 bootstrap=on.bootstrap, topic=TOPIC, partitions=args.partitions, timeout_s=120
             )

@@ -50,6 +50,8 @@ import time
 import traceback
 
 from bench.broker import (
+    BOUNDED_BROKER_SETTINGS,
+    BOUNDED_TOPIC_CONFIG,
     Cluster,
     _cpu,
     build_batch,
@@ -544,12 +546,12 @@ def main(argv: list[str] | None = None) -> int:
         print_note(f"[yellow]load average {load_before[0]:.2f} before the run on {os.cpu_count()} cores: "
                    f"other work competes for the CPU and the figures will be worse[/]")  # fmt: skip
     t0 = time.perf_counter()
-    cluster = Cluster(
-        {"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false"}
-    )
+    cluster = Cluster({"auto.create.topics.enable": "false", "auto.leader.rebalance.enable": "false",
+                       **BOUNDED_BROKER_SETTINGS})  # fmt: skip
     try:
         cluster.start(BROKERS)
-        create_topic(cluster.bootstrap, TOPIC, args.partitions, 3, {"min.insync.replicas": "2"})
+        create_topic(cluster.bootstrap, TOPIC, args.partitions, 3,
+                     {"min.insync.replicas": "2", **BOUNDED_TOPIC_CONFIG})  # fmt: skip
         cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
                                        for p in range(args.partitions)), 30, "full ISRs")  # fmt: skip
         leaders = {p: cluster.partition_state(TOPIC, p).leader for p in range(args.partitions)}
