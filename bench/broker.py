@@ -49,6 +49,7 @@ from bench.common import (
 from localcluster.broker.process import BrokerProcess
 from localcluster.tools.load import (  # noqa: F401 (the process and CPU helpers, re-exported)
     CpuMeter,
+    batch_records_for,
     build_batch,
     cpu_seconds,
     kill_workers,
@@ -193,7 +194,10 @@ class Cluster:
     def controller_id(self) -> int | None:
         return self.zk().controller_id()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Kill the brokers and keep their files (close() removes them): freeing GBs of /dev/shm
+        in the middle of a benchmark has this VM report the memory to its host during the runs
+        after it (bench/README.md, "bench.commit's memory bounded by retention")."""
         for broker in self.brokers.values():
             broker.kill()
         if self._zk is not None:
@@ -201,6 +205,10 @@ class Cluster:
                 self._zk.coord.close() if hasattr(self._zk, "coord") else None
             except Exception:  # noqa: BLE001 (best effort at teardown)
                 pass
+            self._zk = None
+
+    def close(self) -> None:
+        self.stop()
         shutil.rmtree(self.cluster_dir, ignore_errors=True)
         shutil.rmtree(self.data_root, ignore_errors=True)
 
@@ -216,6 +224,52 @@ RETAINED_BYTES = 256 << 20
 RETENTION_CHECK_MS = 250
 BOUNDED_TOPIC_CONFIG = {"segment.bytes": str(SEGMENT_BYTES), "retention.bytes": str(RETAINED_BYTES)}
 BOUNDED_BROKER_SETTINGS = {"log.retention.check.interval.ms": str(RETENTION_CHECK_MS)}
+# What each partition of such a topic must have written before every roll reuses a deleted
+# segment's file (the steady state): the retained bytes, the active segment and one deleted.
+FILL_BYTES = RETAINED_BYTES + 2 * SEGMENT_BYTES
+FILL_BATCH_BYTES = 1_000_000
+
+
+def fill_past_retention(pool, bootstrap: str, topic: str, partitions: int,
+                        cpu_of: dict[str, int] | None = None) -> dict:  # fmt: skip
+    """Untimed, before the runs on a fresh cluster: acks=all from our client (a LoadPool) in
+    1 MB batches until each partition of a BOUNDED_TOPIC_CONFIG topic wrote FILL_BYTES, then
+    until the high watermarks settled and retention deleted from every partition. From then on
+    each roll reuses a deleted segment's file, and no run writes into memory the machine has
+    not touched yet. Returns the load's result."""
+    batches = partitions * (-(-FILL_BYTES // FILL_BATCH_BYTES) + 1)
+    result = pool.measure(client="own", bootstrap=bootstrap, topic=topic,
+                          partitions=list(range(partitions)), acks="all", record_size=RECORD_VALUE_BYTES,
+                          seconds=300, records=batches * batch_records_for(RECORD_VALUE_BYTES, FILL_BATCH_BYTES),
+                          client_config={"batch.size": str(FILL_BATCH_BYTES)}, cpu_of=cpu_of)  # fmt: skip
+    settled_end_offsets(bootstrap=bootstrap, topic=topic, partitions=partitions, timeout_s=120)
+    wait_log_starts_moved(bootstrap, topic, partitions, timeout_s=30)
+    return result
+
+
+def wait_log_starts_moved(
+    bootstrap: str, topic: str, partitions: int, timeout_s: float
+) -> list[int]:
+    """Until retention has deleted from every partition (ListOffsets earliest > 0, our client:
+    see end_offsets); the log start offsets, or RuntimeError naming the partitions it has not
+    reached."""
+    from localcluster.client import Consumer
+
+    consumer = Consumer(bootstrap_servers=bootstrap)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = consumer.beginning_offsets([(topic, p) for p in range(partitions)])
+            starts = [found[(topic, p)] for p in range(partitions)]
+            if all(start > 0 for start in starts):
+                return starts
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"retention did not delete from partitions "
+                                   f"{[p for p, s in enumerate(starts) if s == 0]} of {topic} "
+                                   f"within {timeout_s:g} s (log starts {starts})")  # fmt: skip
+            time.sleep(0.1)
+    finally:
+        consumer.close()
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, replication_factor: int,

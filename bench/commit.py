@@ -25,8 +25,13 @@ What is measured, in one run:
   it a run wrote every byte into fresh pages, and past a few GB this VM backs fresh pages 7x
   slower: a 60M-record 1 MB run measured 2.0M records/s unbounded against 4.9-5.4M bounded
   (bench/README.md, "bench.commit's memory bounded by retention").
-- first, untimed: WARM_UP_S of acks=all on each fresh cluster (without it the runs after the
-  first timed one measured 12-51% above it in 5 of 6 quick runs, whatever their transport).
+- first, untimed, on each fresh cluster (bench.broker's fill_past_retention): acks=all in 1 MB
+  batches until each partition has written its retention and two segments more and retention
+  has deleted from every one (the steady state: each roll reuses a deleted segment's file);
+  the runs then follow each other without deleting records between them. Without a warm-up the runs after
+  the first timed one measured 12-51% above it in 5 of 6 quick runs, whatever their
+  transport; with the 1 s one used until Dec 2026, a half-rate 1 MB run on a fresh cluster
+  had p95 0.5 s where one after the fill had 3.1-3.6 ms (this VM's fresh memory).
 - transports (issue 13), each an acks=all full-speed run beside the one above, with its ratio
   to it: replication over TCP loopback with SASL PLAIN (a second cluster of 3 brokers with
   `inter.broker.listener.name` BROKER and `inter.broker.unix.socket.enable=false`, measured right
@@ -43,7 +48,8 @@ What is measured, in one run:
   a cluster with nothing else to do.
 - the machine's latency floor (issue 19), after the clusters stopped: a bare chain (producer ->
   leader -> two followers -> leader over Unix socketpairs, each process pwrite-ing the batch into
-  fresh /dev/shm pages and doing nothing else) at the floor run's batch size and rate and at the
+  a /dev/shm file whose pages it already holds, as the brokers' reused segment files, and doing
+  nothing else) at the floor run's batch size and rate and at the
   best batch.size's half rate, beside the brokers' latency in those runs (`raw_chain_latency`).
 - CPU: each broker's CPU seconds from /proc/<pid>/stat over the timed window, and each load
   process's own (os.times), shown in cores (1.00 = one core busy all the time).
@@ -82,6 +88,7 @@ from bench.broker import (
     _cpu,
     build_batch,
     create_topic,
+    fill_past_retention,
     install_sigterm,
     kill_workers,
     settled_end_offsets,
@@ -89,13 +96,11 @@ from bench.broker import (
 from bench.common import MB, print_goals, print_note, print_table, write_results
 from bench.load import BATCH_BYTES, LoadPool, batch_records_for
 from bench.plots import percentile_spectrum
-from localcluster.client import Admin
 from localcluster.client.frames import widen_send_buffer
 
 MADV_POPULATE_WRITE = 23
 GOAL_RECORDS_PER_S = 1_000_000
 GOAL_P99_MS = 5.0
-WARM_UP_S = 1.0  # an untimed acks=all run on each fresh cluster first (see bench/README.md)
 GOAL_TCP_RATIO = 0.8  # issue 13: replication over TCP vs the Unix sockets
 GOAL_IDEMPOTENT_RATIO = 0.95  # issue 14: enable.idempotence=true vs false, acks=all
 IDEMPOTENT = {"enable.idempotence": "true"}
@@ -112,6 +117,7 @@ GOAL_SCALED_P99_MS = 2.0
 FLOOR_BATCH_BYTES = 16 << 10
 FLOOR_BATCHES_PER_S = 100
 CHAIN_SECONDS_MAX = 5.0  # each bare-chain run (the machine's latency floor): at most this long
+CHAIN_LOG_BYTES = 64 << 20  # each chain process's file (_ChainLog): one bench segment
 
 
 @dataclass(frozen=True)
@@ -272,16 +278,23 @@ def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
 
 
 class _ChainLog:
-    """What a chain process keeps of each frame: a pwrite at the end of a /dev/shm file, into
-    fresh pages, as the brokers' segments are written. Nothing is freed until the run ends:
-    a file rolled every 64 MiB and freed on a thread (as the brokers' retention and reclaim
-    thread do) took the chain's 1 MB batches from 2.7-6.5 to 7.5-9.2 ms p99 at 100/s."""
+    """What a chain process keeps of each frame: a pwrite into a /dev/shm file of CHAIN_LOG_BYTES
+    whose pages were written once before the run, wrapping at its end, as the brokers' segments
+    are written at their steady state (bench.commit's warm-up: each roll reuses a deleted
+    segment's file, whose pages the file already holds). Until Dec 2026 the chain wrote fresh
+    pages and freed them after the run; on this VM, once it had written a few GB, fresh pages
+    cost 7x more, and two runs' 1 MB chains read p99 0.9 and 1.8 s."""
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        zeros = bytes(1 << 20)
+        for offset in range(0, CHAIN_LOG_BYTES, len(zeros)):
+            os.pwrite(self.fd, zeros, offset)
         self.position = 0
 
     def append(self, data: memoryview) -> None:
+        if self.position + len(data) > CHAIN_LOG_BYTES:
+            self.position = 0
         self.position += os.pwrite(self.fd, data, self.position)
 
 
@@ -324,7 +337,7 @@ def raw_chain_latency(batch: bytes, batches_per_s: float, seconds: float) -> dic
     """A floor for the commit of one batch on this machine: producer (this process) -> leader ->
     two followers -> leader -> producer over Unix socketpairs, one batch at a time on a
     schedule, each process receiving into a preallocated buffer and pwrite-ing the batch into
-    fresh pages of a /dev/shm file (as the brokers' segments are written) before passing it on
+    a /dev/shm file whose pages it holds (_ChainLog, as the brokers' steady state) before passing it on
     or acknowledging it: no parsing, no event loop, no log index. Latency from when a batch was
     due, as the load measures it. Returns the count and percentiles in ms."""
     import numpy as np
@@ -578,20 +591,16 @@ def main(argv: list[str] | None = None) -> int:
                         cpu_of={f"broker {b.broker_id}": b.pid for b in on.brokers.values()}, **extra)  # fmt: skip
 
         def settle(on: Cluster) -> None:
-            """The high watermarks stopped moving; then the records so far are deleted
-            (DeleteRecords to the HW), so that every run starts from logs of one empty active
-            segment, whatever the run before it left within the retention."""
+            """The high watermarks stopped moving (retention bounds what the runs keep)."""
             settled_end_offsets(
                 bootstrap=on.bootstrap, topic=TOPIC, partitions=args.partitions, timeout_s=120
             )
-            with Admin(bootstrap_servers=on.bootstrap) as admin:
-                admin.delete_records({(TOPIC, p): -1 for p in range(args.partitions)})
 
         # acks=1 last: its followers end seconds behind, and a run after it would measure
         # their catching up; every run starts once the high watermarks stopped moving. The
         # transport runs come right after the row they are compared with.
         for on in (cluster, tcp_cluster):
-            warm_up.append(pool.measure(acks="all", **(job(on) | {"seconds": WARM_UP_S})))
+            warm_up.append(fill_past_retention(pool, on.bootstrap, TOPIC, args.partitions))
         full = pool.measure(acks="all", **job(cluster, client_config=IDEMPOTENT))
         settle(cluster)
         # Idempotence: A B B A (full, then two runs without, then one with again), so neither
@@ -607,7 +616,10 @@ def main(argv: list[str] | None = None) -> int:
         tcp_isr_after = {
             p: list(tcp_cluster.partition_state(TOPIC, p).isr) for p in range(args.partitions)
         }
-        tcp_cluster.close()  # the runs below as before: three brokers on the machine
+        # The runs below as before: three brokers on the machine. Its 3.4 GB of files stay until
+        # the end: freed here, this VM reported them to its host during the next runs (quick
+        # runs' 64 KiB half-rate p99 22-26 ms, against 4.6-9.8 with the cluster left alone).
+        tcp_cluster.stop()
         sasl = pool.measure(acks="all", **job(cluster, cluster.client_bootstrap(SASL_CLIENT_LISTENER),
                                                client_config=CLIENT_SASL))  # fmt: skip
         settle(cluster)
@@ -765,8 +777,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['latency_ms']['p99']:.2f}", f"{c['latency_ms']['p99.9']:.2f}",
               f"{c['brokers_latency_ms']['p50']:.2f}", f"{c['brokers_latency_ms']['p99']:.2f}") for c in chains],
             note=("Producer -> leader -> two followers -> leader -> producer over Unix socketpairs, one batch at "
-                  "a time on the schedule, each process pwrite-ing the batch into fresh /dev/shm pages (freed "
-                  "only after the run) and nothing else: no parsing, event loop or index. Run after the "
+                  "a time on the schedule, each process pwrite-ing the batch into a 64 MiB /dev/shm file whose pages "
+                  "it wrote once before (wrapping at its end, as the brokers reuse segment files) and nothing "
+                  "else: no parsing, event loop or index. Run after the "
                   f"clusters stopped, {min(run_s, CHAIN_SECONDS_MAX):g} s each. Rows: the floor run's batches and "
                   "rate, and the best batch.size at its half rate (issue 19's latency goal)."),
         )  # fmt: skip

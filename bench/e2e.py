@@ -12,6 +12,8 @@ the acks=all maximum (~400-500k records/s of 100-byte records on a 2-core box):
   `outstanding` unacknowledged per process. Each keeps, per acknowledged batch, (partition,
   base offset, due time, ack time) on CLOCK_MONOTONIC (`time.monotonic_ns`, one clock for
   every process of the host).
+- Topic: 3 partitions of RF 3 whose memory retention bounds (bench.broker's BOUNDED_TOPIC_CONFIG),
+  filled past its retention before the timed load (fill_past_retention), as bench.commit's.
 - Consumer: one spawned process, started before the load, which takes the end offsets
   (ListOffsets latest = high watermarks) and then fetches every partition from there as fast
   as it can: one Fetch in flight per leader broker (`fetch.max.wait.ms` FETCH_MAX_WAIT_MS,
@@ -56,6 +58,7 @@ from bench.broker import (
     _cpu,
     build_batch,
     create_topic,
+    fill_past_retention,
     install_sigterm,
     kill_workers,
     spawn_context,
@@ -63,6 +66,7 @@ from bench.broker import (
 from bench.common import print_note, print_table, write_results
 from localcluster.storage.record_batch import batch_spans
 from localcluster.tools.load import (
+    LoadPool,
     Pacer,
     curve,
     histogram,
@@ -554,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
                      {"min.insync.replicas": "2", **BOUNDED_TOPIC_CONFIG})  # fmt: skip
         cluster.wait_until(lambda: all(len(cluster.partition_state(TOPIC, p).isr) == 3
                                        for p in range(args.partitions)), 30, "full ISRs")  # fmt: skip
+        with LoadPool(1) as pool:  # the logs at their steady state, as bench.commit's runs
+            fill_past_retention(pool, cluster.bootstrap, TOPIC, args.partitions)
         leaders = {p: cluster.partition_state(TOPIC, p).leader for p in range(args.partitions)}
         result = measure_e2e(cluster.bootstrap, TOPIC, args.partitions, args.rate, seconds,
                              batch_records=args.batch_records, producers=args.producers,
