@@ -266,7 +266,8 @@ def wait_log_starts_moved(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"retention did not delete from partitions "
                                    f"{[p for p, s in enumerate(starts) if s == 0]} of {topic} "
-                                   f"within {timeout_s:g} s (log starts {starts})")  # fmt: skip
+                                   f"within {timeout_s:g} s (log starts {starts}): does the topic "
+                                   f"have BOUNDED_TOPIC_CONFIG and the brokers BOUNDED_BROKER_SETTINGS?")  # fmt: skip
             time.sleep(0.1)
     finally:
         consumer.close()

@@ -28,10 +28,10 @@ What is measured, in one run:
 - first, untimed, on each fresh cluster (bench.broker's fill_past_retention): acks=all in 1 MB
   batches until each partition has written its retention and two segments more and retention
   has deleted from every one (the steady state: each roll reuses a deleted segment's file);
-  the runs then follow each other without deleting records between them. Without a warm-up the runs after
-  the first timed one measured 12-51% above it in 5 of 6 quick runs, whatever their
-  transport; with the 1 s one used until Dec 2026, a half-rate 1 MB run on a fresh cluster
-  had p95 0.5 s where one after the fill had 3.1-3.6 ms (this VM's fresh memory).
+  the runs then follow each other without deleting records between them. Without a warm-up
+  the runs after the first timed one measured 12-51% above it in 5 of 6 quick runs, whatever
+  their transport; with the 1 s one used until Dec 2026, a half-rate 1 MB run on a fresh
+  cluster had p95 0.5 s where one after the fill had 3.1-3.6 ms (this VM's fresh memory).
 - transports (issue 13), each an acks=all full-speed run beside the one above, with its ratio
   to it: replication over TCP loopback with SASL PLAIN (a second cluster of 3 brokers with
   `inter.broker.listener.name` BROKER and `inter.broker.unix.socket.enable=false`, measured right
@@ -618,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         # The runs below as before: three brokers on the machine. Its 3.4 GB of files stay until
         # the end: freed here, this VM reported them to its host during the next runs (quick
-        # runs' 64 KiB half-rate p99 22-26 ms, against 4.6-9.8 with the cluster left alone).
+        # runs' 64 KiB half-rate p99 22-26 ms, against 4.6-9.8 with the cluster left running).
         tcp_cluster.stop()
         sasl = pool.measure(acks="all", **job(cluster, cluster.client_bootstrap(SASL_CLIENT_LISTENER),
                                                client_config=CLIENT_SASL))  # fmt: skip
