@@ -502,8 +502,13 @@ def check_group(acks: list[Ack], logs: dict[str, list[dict]], partitions, commit
         logged = {(p, o): v.decode("utf-8", "replace") if isinstance(v, bytes) else v
                   for p, records in log_records.items() for o, v in records}  # fmt: skip
         acked = {(a.partition, a.offset): a.value for a in acks}
-        foreign = [(p, o, v) for (p, o, v) in sorted(consumed)
-                   if (logged.get((p, o)) if o >= log_starts.get(p, 0) else acked.get((p, o), v)) != v]  # fmt: skip
+
+        def held(p: int, o: int, read: str) -> str | None:
+            """What the offset holds: the log's record, or below the log start the acknowledged
+            one (what was read, when nothing was acknowledged there)."""
+            return logged.get((p, o)) if o >= log_starts.get(p, 0) else acked.get((p, o), read)
+
+        foreign = [(p, o, v) for (p, o, v) in sorted(consumed) if held(p, o, v) != v]
     succeeded, failed = group_commits(logs)
     backwards, mismatches = check_commits(
         succeeded, failed, committed, partitions, since_ms, fetch_error
