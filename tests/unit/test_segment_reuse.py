@@ -74,9 +74,17 @@ def fill_until_reused(log: Log) -> set[int]:
     raise AssertionError("no segment reused a retired file")
 
 
-def crash_copy(log: Log, where: Path) -> Path:
-    shutil.copytree(log.directory, where)
-    return where
+def crash_while_open(directory: Path, where: Path, prepare) -> tuple[Path, list, object]:
+    """Open the log, `prepare(log)`, then copy its directory as a killed process would leave
+    it: the copy, the batches written (before the copy) and what `prepare` returned."""
+    log = Log.open(directory, config())
+    try:
+        prepared = prepare(log)
+        written = contents(log)
+        shutil.copytree(log.directory, where)
+    finally:
+        log.close()
+    return where, written, prepared
 
 
 def retire_until_spare(log: Log) -> None:
@@ -118,16 +126,15 @@ def test_a_retired_file_serves_the_next_segment_and_a_clean_close_trims_it(direc
     assert_recovers_as_written(directory, written)
 
 
+def fill_then_append_small(log: Log, count: int) -> None:
+    fill_until_reused(log)
+    for _ in range(count):
+        log.append(batch(1, 10), leader_epoch=1)
+
+
 def test_a_crash_in_a_reused_segment_loses_nothing_and_cuts_nothing(directory, tmp_path, caplog):
-    log = Log.open(directory, config())
-    try:
-        fill_until_reused(log)
-        for _ in range(3):
-            log.append(batch(1, 10), leader_epoch=1)
-        written = contents(log)
-        copy = crash_copy(log, tmp_path / "crashed")
-    finally:
-        log.close()
+    copy, written, _ = crash_while_open(directory, tmp_path / "crashed",
+                                        lambda log: fill_then_append_small(log, 3))  # fmt: skip
     with caplog.at_level(logging.INFO, logger="localcluster.storage"):
         recovered = Log.open(copy, config())
     try:
@@ -143,34 +150,28 @@ def test_a_crash_in_a_reused_segment_loses_nothing_and_cuts_nothing(directory, t
 
 
 def test_a_batch_cut_before_its_head_was_written_is_dropped_without_a_cut(directory, tmp_path):
-    log = Log.open(directory, config())
-    try:
-        fill_until_reused(log)
-        log.append(batch(1, 10), leader_epoch=1)
-        written = contents(log)
+    def append_then_tear(log: Log) -> None:
+        fill_then_append_small(log, 1)
         active = log.active_segment
         # what a killed append leaves: its tail and the zero head after it, not its own head
+        # (past the segment's size, so not among the batches written)
         torn = batch(2, 40)
         os.pwrite(active.fileno(), torn[HEAD_BYTES:] + bytes(HEAD_BYTES), active.size + HEAD_BYTES)
-        copy = crash_copy(log, tmp_path / "crashed")
-    finally:
-        log.close()
+
+    copy, written, _ = crash_while_open(directory, tmp_path / "crashed", append_then_tear)
     assert_recovers_as_written(copy, written)
 
 
 def test_damage_inside_a_reused_segment_is_still_cut_and_reported(directory, tmp_path):
-    log = Log.open(directory, config())
-    try:
-        fill_until_reused(log)
-        for _ in range(3):
-            log.append(batch(1, 10), leader_epoch=1)
-        written = contents(log)
+    def append_three(log: Log) -> tuple[str, int]:
+        fill_then_append_small(log, 3)
         active = log.active_segment
-        _, position = active.index.entry(active.index.count - 2)
-        copy = crash_copy(log, tmp_path / "crashed")
-    finally:
-        log.close()
-    path = copy / active.path.name
+        return active.path.name, active.index.entry(active.index.count - 2)[1]
+
+    copy, written, (name, position) = crash_while_open(
+        directory, tmp_path / "crashed", append_three
+    )
+    path = copy / name
     with open(path, "r+b") as f:  # a flipped byte in the second-to-last batch's records
         f.seek(position + 70)
         byte = f.read(1)
@@ -223,15 +224,12 @@ def test_spare_files_of_a_dead_process_are_removed_when_the_log_opens(directory)
 
 
 def test_a_reused_file_killed_before_its_first_batch_holds_nothing(directory, tmp_path):
-    log = Log.open(directory, config())
-    try:
+    def roll_into_spare(log: Log) -> None:
         retire_until_spare(log)
         log.roll()  # empty, in the retired file: its old first batch was cleared away
         assert log.active_segment.reused and log.active_segment.size == 0
-        written = contents(log)
-        copy = crash_copy(log, tmp_path / "crashed")
-    finally:
-        log.close()
+
+    copy, written, _ = crash_while_open(directory, tmp_path / "crashed", roll_into_spare)
     assert_recovers_as_written(copy, written)
 
 
