@@ -480,6 +480,7 @@ def test_a_static_member_rejoins_without_a_rebalance(cluster):
 
 INCONSISTENT_GROUP_PROTOCOL, ILLEGAL_GENERATION, UNKNOWN_TOPIC_OR_PARTITION = 23, 22, 3
 INVALID_REQUEST = 42
+COORDINATOR_NOT_READY = (14, 15, 16)  # load in progress, not available, not coordinator
 
 
 def test_bad_group_requests_get_kafka_error_codes_and_the_group_stays(cluster):
@@ -502,12 +503,25 @@ def test_bad_group_requests_get_kafka_error_codes_and_the_group_stays(cluster):
             "member_id": "", "protocol_type": "consumer",
             "protocols": [{"name": p, "metadata": metadata} for p in protocols]})  # fmt: skip
 
-    try:
-        found = wait_until(lambda: (r := ask(first, ApiKey.FIND_COORDINATOR, 1, {
-            "key": group, "key_type": 0})).error_code == 0 and r, timeout_s=30)  # fmt: skip
+    def coordinator_answering_join():
+        """The coordinator's connection and its answer to a JoinGroup without protocols, once
+        it is ready. On a fresh cluster the first FindCoordinator creates the offsets topic,
+        and the broker it names may not have taken the leadership yet (NOT_COORDINATOR) or
+        may still be loading (COORDINATOR_LOAD_IN_PROGRESS): a client asks again, so do we."""
+        found = ask(first, ApiKey.FIND_COORDINATOR, 1, {"key": group, "key_type": 0})
+        if found.error_code != 0:
+            return None
         raw = RawConnection(found.port)
+        answer = join(raw, [])
+        if answer.error_code in COORDINATOR_NOT_READY:
+            raw.close()
+            return None
+        return raw, answer
+
+    try:
+        raw, answer = wait_until(coordinator_answering_join, timeout_s=30, interval_s=0.05)
         try:
-            assert join(raw, []).error_code == INCONSISTENT_GROUP_PROTOCOL
+            assert answer.error_code == INCONSISTENT_GROUP_PROTOCOL
             assert join(raw, ["range"], b"x" * (2 << 20)).error_code == INVALID_REQUEST
             joined = join(raw, ["range"])
             assert joined.error_code == 0 and joined.generation_id == 1
