@@ -98,7 +98,8 @@ def test_produce_own_client_dates_its_records_when_it_sends_them(cli):
 
 
 def test_produce_confluent_acks_1_existing_topic(cli):
-    r = perf_json(cli, "produce", "--topic", "p-own", "--num-records", "2000", "--record-size", "512",
+    cli.run("topic", "create", "p-confluent", "-p", "2", "-r", "3", check=True)
+    r = perf_json(cli, "produce", "--topic", "p-confluent", "--num-records", "2000", "--record-size", "512",
                   "--client", "confluent", "--acks", "1", "--producer-config", "linger.ms=1")  # fmt: skip
     assert r["client"] == "confluent" and r["ok"] is True
     assert r["partitions"] == 2  # the topic existed: --partitions is only for creation
