@@ -359,7 +359,7 @@ class Log:
         active = self.active_segment
         if not active.index.count:
             return False
-        first = active.batch_header(0).max_timestamp
+        first = int(active.index.max_timestamps[0])  # the first batch's, as its header has it
         return first >= 0 and timestamp_ms - first > self.config.segment_ms
 
     def maybe_roll_by_time(self, now_ms: int) -> bool:
