@@ -855,6 +855,13 @@ def _transfer(future: concurrent.futures.Future, delivery: asyncio.Future) -> No
         future.set_result(delivery.result())
 
 
+def _retrieve(wrapper: asyncio.Future) -> None:
+    """Mark a wrapper's exception as seen: asyncio would otherwise log it with its traceback
+    when the wrapper goes ("Future exception was never retrieved"), once per failed record."""
+    if not wrapper.cancelled():
+        wrapper.exception()
+
+
 class Producer:
     """Synchronous facade: an AsyncProducer on an event loop in a background thread.
 
@@ -963,7 +970,10 @@ class Producer:
                 # asyncio.wait, not gather: a flush that times out must leave the records in
                 # flight alone (gather's cancellation would cancel each record's future)
                 if outstanding:
-                    await asyncio.wait([asyncio.wrap_future(f) for f in outstanding])
+                    waiting = [asyncio.wrap_future(f) for f in outstanding]
+                    for wrapper in waiting:  # the caller reads a failure from its own future
+                        wrapper.add_done_callback(_retrieve)
+                    await asyncio.wait(waiting)
                 await asyncio.shield(producer.flush())
             finally:
                 producer._flushing -= 1  # noqa: SLF001

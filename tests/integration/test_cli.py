@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,6 +203,25 @@ def test_status_watch_json_refreshes(cli):
     assert len(frames) == 2 and all("rates" in f for f in frames)
     plain = cli.run("status", "--watch", "--count", "1", check=True)
     assert "brokers" in plain.stdout
+
+
+def test_records_the_brokers_refuse_are_one_line_each_run_not_a_traceback_each_record(cli):
+    cli.run("topic", "create", "small-segments", "-p", "1", "-r", "3", "--config",
+            "segment.bytes=1024", check=True)  # fmt: skip
+    # 100 records of ~60 bytes go as one batch, larger than the topic's segments
+    result = cli.run(
+        "produce", "small-segments", input="".join(f"{'x' * 60}-{i}\n" for i in range(100))
+    )
+    assert result.returncode == 1
+    # what was sent and what failed, then the broker's reason, once: 2 lines in all
+    produced, failed = result.stderr.splitlines()
+    assert produced == "produced 0 records to small-segments"
+    assert re.fullmatch(
+        r"error: 100 records failed: produce to small-segments-0 \(producer \d+ epoch 0 sequence "
+        r"0\): MESSAGE_TOO_LARGE \(batch of \d+ bytes is larger than the segment size, "
+        r"segment\.bytes=1024 \(the topic's, or the broker's log\.segment\.bytes\)\)",
+        failed,
+    ), failed
 
 
 def test_logs_follow_stops_on_interrupt(cli):
