@@ -325,8 +325,9 @@ class Log:
         for _, header in batches:
             if header.size > self.config.segment_bytes:
                 raise RecordBatchTooLargeError(
-                    f"batch of {header.size} bytes is larger than log.segment.bytes="
-                    f"{self.config.segment_bytes}"
+                    f"batch of {header.size} bytes is larger than the segment size, "
+                    f"segment.bytes={self.config.segment_bytes} (the topic's, or the broker's "
+                    f"log.segment.bytes)"
                 )
         return batches
 

@@ -99,7 +99,7 @@ def test_invalid_batch_appends_nothing(log):
 
 def test_record_batch_too_large(log):
     big = batch(1, size=SMALL.segment_bytes)
-    with pytest.raises(RecordBatchTooLargeError, match="log.segment.bytes=1024"):
+    with pytest.raises(RecordBatchTooLargeError, match="segment.bytes=1024"):
         log.append(batch(1) + big, 0)
     assert log.log_end_offset == 0
     size = SMALL.segment_bytes - len(batch(1, size=0))
