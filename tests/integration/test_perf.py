@@ -64,7 +64,7 @@ def test_produce_own_client(cli):
 
 
 def test_produce_own_client_batches_of_its_batch_size(cli):
-    r = perf_json(cli, "produce", "--topic", "p-own", "--num-records", "600", "--record-size", "100",
+    r = perf_json(cli, "produce", "--topic", "p-batches", "--num-records", "600", "--record-size", "100",
                   "--producer-config", "batch.size=16384")  # fmt: skip
     assert r["ok"] is True and r["records_acked"] == 600 and r["errors"] == 0
     assert r["batch_records"] == batch_records_for(100, 16384) == 148  # not the 595 of 64 KiB
@@ -119,7 +119,7 @@ def test_e2e(cli):
 
 
 def test_e2e_confluent_producer(cli):
-    r = perf_json(cli, "e2e", "--topic", "e2e", "--num-records", "500", "--record-size", "64",
+    r = perf_json(cli, "e2e", "--topic", "e2e-confluent", "--num-records", "500", "--record-size", "64",
                   "--throughput", "1000", "--client", "confluent")  # fmt: skip
     assert r["client"] == "confluent" and r["ok"] is True
     assert r["records_received"] == 500 and r["missing"] == 0
@@ -177,7 +177,7 @@ def test_failover_leader_then_controller(cli):
 
 
 def test_text_output(cli):
-    result = perf("produce", "--topic", "p-own", "--num-records", "200", "--record-size", "10",
+    result = perf("produce", "--topic", "p-text", "--num-records", "200", "--record-size", "10",
                   "--dir", str(cli.cluster_dir))  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
