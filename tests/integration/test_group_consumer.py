@@ -236,6 +236,8 @@ def test_a_static_member_restarted_within_its_session_keeps_its_partitions(boots
         wait_until(lambda: poll_all([first, other], {}) or stable([first, other]), 30, 0,
                    "both static members stable")  # fmt: skip
         owned, generation = first.assignment(), other.coordinator.generation_id
+        # 1, or 2 when the first join raced the new topic's metadata: what counts is no more
+        rebalances = other.coordinator.rebalances
         first.close()  # a static member sends no LeaveGroup: the group keeps its place
         restarted = Consumer({**settings, "group.instance.id": "a"}, bootstrap_servers=bootstrap)
         restarted.subscribe(["static"])
@@ -243,7 +245,7 @@ def test_a_static_member_restarted_within_its_session_keeps_its_partitions(boots
                    "the restarted member is back")  # fmt: skip
         assert sorted(restarted.assignment()) == sorted(owned)
         assert restarted.coordinator.generation_id == generation  # no rebalance
-        assert other.coordinator.rebalances == 1
+        assert other.coordinator.rebalances == rebalances
     finally:
         for c in (other, restarted):
             if c is not None:
