@@ -96,8 +96,21 @@ class LogManager:
             lg, self.wall_clock_ms(), self.producer_id_expiration_ms
         )
 
-    def open_logs(self) -> dict[TopicPartition, int]:
-        """Open (and recover) every partition log in the data dir; the checkpointed HWs."""
+    def topics_on_disk(self) -> set[str]:
+        """The topics that have a partition directory in the data dir (before `open_logs`)."""
+        if not self.data_dir.is_dir():
+            return set()
+        return {tp[0] for path in self.data_dir.iterdir()
+                if path.is_dir() and (tp := parse_partition_dir(path.name)) is not None}  # fmt: skip
+
+    def open_logs(
+        self, topic_configs: Mapping[str, TopicConfig] | None = None
+    ) -> dict[TopicPartition, int]:
+        """Open (and recover) every partition log in the data dir; the checkpointed HWs. Each
+        log opens with its topic's config where `topic_configs` has it (as Kafka's LogManager
+        reads the topics' overrides before loading the logs): its active segment is then made
+        to the topic's segment.bytes, not the broker's log.segment.bytes."""
+        configs = topic_configs or {}
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         recovery_points = read_partition_offsets(
@@ -111,9 +124,13 @@ class LogManager:
             tp = parse_partition_dir(path.name) if path.is_dir() else None
             if tp is None:
                 continue
-            opened = Log.open(path, self.log_config(None), recovery_point=recovery_points.get(tp, 0),
+            topic_config = configs.get(tp[0])
+            opened = Log.open(path, self.log_config(topic_config),
+                              recovery_point=recovery_points.get(tp, 0),
                               log_start_offset=log_starts.get(tp, 0))  # fmt: skip
             self.logs[tp] = opened
+            if topic_config is not None:
+                self.topic_configs[tp] = topic_config
             self._open_producer_state(tp, opened)
             log.info("opened log %s-%d: offsets [%d, %d), checkpointed HW %s%s", tp[0], tp[1],
                      opened.log_start_offset, opened.log_end_offset, checkpointed_hw.get(tp),

@@ -257,9 +257,10 @@ class ReplicaHost:
 
     # -- logs and checkpoints --------------------------------------------------------------------
 
-    def open_logs(self) -> None:
-        """Open (and recover) every partition log in the data dir."""
-        self.core.open_logs(self.log_manager.logs, self.log_manager.open_logs())
+    def open_logs(self, topic_configs: Mapping[str, TopicConfig] | None = None) -> None:
+        """Open (and recover) every partition log in the data dir, each with its topic's
+        config where `topic_configs` has it."""
+        self.core.open_logs(self.log_manager.logs, self.log_manager.open_logs(topic_configs))
 
     def checkpoint_high_watermarks(self) -> None:
         self.log_manager.write_high_watermarks(self.core.checkpoint_high_watermarks())

@@ -189,7 +189,11 @@ class BrokerServer:
         try:
             await self._await_free_registration()
             await load_broker_configs(self.metadata, self.replica_manager)
-            await asyncio.to_thread(self.replica_manager.open_logs)
+            # each log opens with its topic's config, as Kafka's LogManager does
+            configs = await self.metadata.topic_configs(
+                self.replica_manager.log_manager.topics_on_disk()
+            )
+            await asyncio.to_thread(self.replica_manager.open_logs, configs)
             await self._serve()
         finally:
             await self._shutdown()

@@ -345,8 +345,8 @@ class Log:
 
     def _maybe_roll(self, header: rb.BatchHeader, base_offset: int) -> None:
         active = self.active_segment
-        # within the segment's file and within segment.bytes now (a topic's config may have
-        # lowered it since the segment was made: the log opened with the broker's defaults)
+        # within the segment's file and within segment.bytes now (AlterConfigs may have
+        # lowered it since the segment was made)
         fits = (active.can_hold(header.size, 1)
                 and active.size + header.size <= self.config.segment_bytes)  # fmt: skip
         relative_ok = base_offset + header.last_offset_delta - active.base_offset <= INT32_MAX

@@ -1,8 +1,8 @@
 """Topic configs through confluent-kafka's AdminClient against real brokers: a bad value is
 refused with INVALID_CONFIG naming the property and creates nothing; max.message.bytes of a
 topic refuses a larger batch with MESSAGE_TOO_LARGE while another topic takes it; a topic's
-segment.bytes still applies after its broker restarted (the log opens with the broker's
-defaults and takes the topic's config from the next LeaderAndIsr)."""
+segment.bytes still applies after its broker restarted (the log opens with it: the broker
+reads its topics' configs before opening their logs, as Kafka's LogManager does)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,11 @@ def test_max_message_bytes_of_a_topic_is_enforced_and_its_segment_bytes_survive_
     del producer
     broker.stop()
     broker = brokers.restart(broker)
+    log_dir = broker.data_dir / "small-0"
+    # the active segment's file is made to the topic's segment.bytes at open, not to the
+    # broker's log.segment.bytes (a sparse 1 GiB file until the next roll, until Dec 2026)
+    (active,) = log_dir.glob("*.log")
+    assert active.stat().st_size == 65536
     # one record per batch (each below max.message.bytes): 100 x 1 KB fill two 64 KiB segments
     producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap,
                                          "batch.num.messages": 1})  # fmt: skip
@@ -75,7 +80,6 @@ def test_max_message_bytes_of_a_topic_is_enforced_and_its_segment_bytes_survive_
     for _ in range(100):
         producer.produce("small", b"y" * 1000, on_delivery=lambda e, m: e and failed.append(e))
     assert producer.flush(20) == 0 and not failed, failed[:3]
-    log_dir = broker.data_dir / "small-0"
     wait_until(lambda: len(list(log_dir.glob("*.log"))) >= 2, timeout_s=10,
                message="the topic's segment.bytes should roll its log after the restart")  # fmt: skip
 
