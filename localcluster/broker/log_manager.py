@@ -96,12 +96,16 @@ class LogManager:
             lg, self.wall_clock_ms(), self.producer_id_expiration_ms
         )
 
+    def _partition_dirs(self) -> list[tuple[Path, TopicPartition]]:
+        """Each partition directory in the data dir, in name order, with its partition."""
+        if not self.data_dir.is_dir():
+            return []
+        return [(path, tp) for path in sorted(self.data_dir.iterdir())
+                if path.is_dir() and (tp := parse_partition_dir(path.name)) is not None]  # fmt: skip
+
     def topics_on_disk(self) -> set[str]:
         """The topics that have a partition directory in the data dir (before `open_logs`)."""
-        if not self.data_dir.is_dir():
-            return set()
-        return {tp[0] for path in self.data_dir.iterdir()
-                if path.is_dir() and (tp := parse_partition_dir(path.name)) is not None}  # fmt: skip
+        return {tp[0] for _, tp in self._partition_dirs()}
 
     def open_logs(
         self, topic_configs: Mapping[str, TopicConfig] | None = None
@@ -120,10 +124,7 @@ class LogManager:
             self.checkpoint_dir / REPLICATION_OFFSET_CHECKPOINT
         )
         log_starts = read_partition_offsets(self.checkpoint_dir / LOG_START_OFFSET_CHECKPOINT)
-        for path in sorted(self.data_dir.iterdir()):
-            tp = parse_partition_dir(path.name) if path.is_dir() else None
-            if tp is None:
-                continue
+        for path, tp in self._partition_dirs():
             topic_config = configs.get(tp[0])
             opened = Log.open(path, self.log_config(topic_config),
                               recovery_point=recovery_points.get(tp, 0),
