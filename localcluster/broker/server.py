@@ -66,6 +66,7 @@ from localcluster.broker.shutdown import controlled_shutdown
 from localcluster.client.connection import ClientSecurity
 from localcluster.controller.controller import KafkaController
 from localcluster.coord import SessionExpiredError, paths
+from localcluster.coord.znode_data import ZnodeDataError
 from localcluster.metadata_types import BrokerRegistration, EndPoint
 from localcluster.metrics import MetricsBoard, loop_probe
 from localcluster.tasks import cancel_and_wait
@@ -189,14 +190,25 @@ class BrokerServer:
         try:
             await self._await_free_registration()
             await load_broker_configs(self.metadata, self.replica_manager)
-            # each log opens with its topic's config, as Kafka's LogManager does
-            configs = await self.metadata.topic_configs(
-                self.replica_manager.log_manager.topics_on_disk()
-            )
-            await asyncio.to_thread(self.replica_manager.open_logs, configs)
+            await asyncio.to_thread(self.replica_manager.open_logs, await self._configs_on_disk())
             await self._serve()
         finally:
             await self._shutdown()
+
+    async def _configs_on_disk(self) -> dict:
+        """The configs of the topics this broker has logs of: each log opens with its topic's,
+        as Kafka's LogManager does. One that cannot be read is not worth refusing to start
+        for: the logs then open with the broker's defaults, and each topic's config applies
+        from its first LeaderAndIsr (which reads it again and says what is wrong)."""
+        try:
+            return await self.metadata.topic_configs(
+                self.replica_manager.log_manager.topics_on_disk()
+            )
+        except (coord.CoordinationError, ZnodeDataError) as e:
+            log.warning("could not read the topics' configs before opening their logs (%s); "
+                        "opening them with the broker's defaults until each topic's config "
+                        "arrives with its first LeaderAndIsr", e)  # fmt: skip
+            return {}
 
     async def _await_free_registration(self) -> None:
         """A broker restarted right after a kill -9 finds its old registration until the store

@@ -84,6 +84,24 @@ def test_max_message_bytes_of_a_topic_is_enforced_and_its_segment_bytes_survive_
                message="the topic's segment.bytes should roll its log after the restart")  # fmt: skip
 
 
+def test_a_topic_config_the_store_cannot_decode_does_not_keep_the_broker_from_starting(brokers):
+    from localcluster import coord
+    from localcluster.coord.kafka_zk import config_path
+
+    broker = brokers.start(1)
+    assert create(broker.bootstrap, "garbled", {"segment.bytes": "65536"}) is None
+    broker.stop()
+    store = coord.connect(str(brokers.cluster_dir / "store"))
+    try:
+        store.set(config_path("garbled"), b"not json")
+    finally:
+        store.stop()
+    broker = brokers.restart(broker)
+    wait_until(lambda: "could not read the topics' configs before opening their logs" in broker.log_text(),
+               timeout_s=10, message="the broker says why its logs open with its defaults")  # fmt: skip
+    assert broker.is_alive()
+
+
 def test_admin_client_describes_configs_with_sources_and_deletes_topics(brokers):
     from confluent_kafka.admin import ConfigResource, ConfigSource
 
