@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 from kio.schema.errors import ErrorCode
@@ -62,6 +63,7 @@ from localcluster.controller.assignment import (
     InvalidReplicationFactorError,
     assign_replicas_to_brokers,
 )
+from localcluster.coord.znode_data import ZnodeDataError
 from localcluster.protocol import messages
 from localcluster.protocol.api import ApiKey
 
@@ -72,6 +74,7 @@ AUTHORIZED_OPERATIONS_OMITTED = -(2**31)  # Kafka's Int32.MinValue: not asked
 # ALTER_CONFIGS 9, IDEMPOTENT_WRITE 10, ALTER 11 (bit n set for code n), DESCRIBE 12.
 CLUSTER_OPERATIONS = sum(1 << code for code in (4, 7, 8, 9, 10, 11, 12))
 BROKERS_ENDPOINT = 1
+log = logging.getLogger(__name__)
 
 
 class AdminApis:
@@ -317,7 +320,11 @@ class AdminApis:
         if await self._assignment(name) is None:
             return {"error_code": ErrorCode.unknown_topic_or_partition,
                     "error_message": f"topic {name!r} does not exist", "configs": []}  # fmt: skip
-        overrides = await asyncio.to_thread(zk.topic_config, name)
+        try:
+            overrides = await asyncio.to_thread(zk.topic_config, name)
+        except ZnodeDataError as e:
+            return {"error_code": ErrorCode.unknown_server_error, "configs": [],
+                    "error_message": f"{e}; setting a config on the topic writes it again"}  # fmt: skip
         layers = await self._broker_layers()
         effective = topic_config.resolve(overrides, dynamic_config.effective(self.config, *layers),
                                          name)  # fmt: skip
@@ -388,7 +395,12 @@ class AdminApis:
         assignment = await self._assignment(name)
         if assignment is None:
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
-        current = await asyncio.to_thread(zk.topic_config, name)
+        try:
+            current = await asyncio.to_thread(zk.topic_config, name)
+        except ZnodeDataError as e:
+            log.warning("topic %s: %s; the altered config replaces it, starting from no "
+                        "overrides", name, e)  # fmt: skip
+            current = {}
         try:
             wanted = change(dict(current), resource)
             rf = len(next(iter(assignment.partitions.values())))

@@ -38,6 +38,9 @@ class ControllerContext:
     assignments: dict[TopicPartition, tuple[int, ...]] = field(default_factory=dict)
     leadership: dict[TopicPartition, Leadership] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # topics whose config znode did not decode, with why: no unclean election for them until
+    # it does (Kafka fails the election of such a topic's partitions that have no live ISR)
+    unreadable_configs: dict[str, str] = field(default_factory=dict)
     reassignments: dict[TopicPartition, tuple[int, ...]] = field(default_factory=dict)
     # each reassignment's (adding, removing) replicas, written into the topic's znode for all
     # its partitions under way (ListPartitionReassignments reads them there)
@@ -68,6 +71,8 @@ class ControllerContext:
         return sorted(tp for tp, lead in self.leadership.items() if lead.state.leader == broker_id)
 
     def unclean_enabled(self, tp: TopicPartition, default: bool) -> bool:
+        if tp[0] in self.unreadable_configs:
+            return False
         return unclean_leader_election(self.topic_configs.get(tp[0]), default)
 
     def move_partition(self, tp: TopicPartition, target) -> bool:
@@ -96,4 +101,5 @@ class ControllerContext:
             self.reassignments.pop(tp, None)
             self.reassignment_changes.pop(tp, None)
         self.topic_configs.pop(topic, None)
+        self.unreadable_configs.pop(topic, None)
         self.topics_to_delete.discard(topic)

@@ -242,7 +242,7 @@ class ControllerCore:
             assignment = read.assignments.get(topic)
             if assignment is None:
                 continue
-            ctx.topic_configs[topic] = dict(read.configs.get(topic, {}))
+            self._take_config(read, topic)
             for p, replicas in sorted(assignment.partitions.items()):
                 tp = (topic, p)
                 if tp not in ctx.assignments:
@@ -250,6 +250,20 @@ class ControllerCore:
                     added.append(tp)
         yield from self.partitions.reload(added)
         return added
+
+    def _take_config(self, read: ev.TopicsRead, topic: str) -> None:
+        """Keep the topic's overrides as read; a config znode that does not decode leaves the
+        topic without unclean election, said once until it decodes again."""
+        ctx = self.ctx
+        ctx.topic_configs[topic] = dict(read.configs.get(topic, {}))
+        reason = read.unreadable_configs.get(topic)
+        if reason is None:
+            ctx.unreadable_configs.pop(topic, None)
+        elif ctx.unreadable_configs.get(topic) != reason:
+            ctx.unreadable_configs[topic] = reason
+            self.note(f"{topic}: its config cannot be read ({reason}); the topic goes on with "
+                      "the broker's defaults and no unclean leader election. Write its config "
+                      "again (localcluster topic alter) to fix it")  # fmt: skip
 
     def _on_topic_unclean_leader_election_enable(self, topic: str) -> act.Operation[None]:
         """Read the topic's config again; if unclean election is on now, bring its offline
@@ -260,7 +274,7 @@ class ControllerCore:
         read = yield act.ReadTopics((topic,))
         if topic not in read.assignments:
             return
-        ctx.topic_configs[topic] = dict(read.configs.get(topic, {}))
+        self._take_config(read, topic)
         offline = sorted(tp for tp in ctx.partition_states.keys_in(PartitionState.OFFLINE)
                          if tp[0] == topic)  # fmt: skip
         if not offline or not ctx.unclean_enabled(offline[0], self.partitions.unclean_default):

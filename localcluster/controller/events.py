@@ -12,7 +12,7 @@ Two kinds, both plain frozen values:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from localcluster.controller.context import Leadership
 from localcluster.metadata_types import BrokerRegistration, TopicAssignment, TopicPartition
@@ -119,10 +119,12 @@ class TopicNamesRead:
 
 @dataclass(frozen=True, slots=True)
 class TopicsRead:
-    """Each asked topic's assignment (missing: the topic is gone) and config overrides."""
+    """Each asked topic's assignment (missing: the topic is gone) and config overrides, and
+    apart the topics whose config znode does not decode, with why."""
 
     assignments: dict[str, TopicAssignment]
     configs: dict[str, dict[str, str]]
+    unreadable_configs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from localcluster.coord.interface import (
     RuntimeInconsistencyError,
 )
 from localcluster.coord.znode_data import (
+    ZnodeDataError,
     decode_broker_registration,
     decode_leader_and_isr,
     decode_topic_assignment,
@@ -178,21 +179,28 @@ class KafkaZkClient:
 
     def assignments_and_configs(
         self, topics: Sequence[str]
-    ) -> tuple[dict[str, TopicAssignment], dict[str, dict[str, str]]]:
+    ) -> tuple[dict[str, TopicAssignment], dict[str, dict[str, str]], dict[str, str]]:
         """`assignment` and `topic_config` of many topics in ONE `get_many`: the topics
-        that exist, their assignments and their overrides ({} when none)."""
+        that exist, their assignments, their overrides ({} when none) and, apart, the topics
+        whose config znode does not decode, with why. Those are not in the overrides: as
+        Kafka's getLogConfigs, one topic's garbled config fails that topic's config alone,
+        not the read of every topic (a controller's failover read them all, and resigned)."""
         assignment_paths = [paths.topic_path(topic) for topic in topics]
         config_paths = [config_path(topic) for topic in topics]
         found = self.coord.get_many(assignment_paths + config_paths)
-        assignments, configs = {}, {}
+        assignments, configs, unreadable = {}, {}, {}
         for i, topic in enumerate(topics):
             assignment, config = found[i], found[len(topics) + i]
-            if assignment is not None:
-                assignments[topic] = decode_topic_assignment(assignment_paths[i], assignment[0])
+            if assignment is None:
+                continue
+            assignments[topic] = decode_topic_assignment(assignment_paths[i], assignment[0])
+            try:
                 configs[topic] = (
                     {} if config is None else decode_topic_config(config_paths[i], config[0])
                 )
-        return assignments, configs
+            except ZnodeDataError as e:
+                unreadable[topic] = str(e)
+        return assignments, configs, unreadable
 
     # -- users (SCRAM credentials) ------------------------------------------------------------
 

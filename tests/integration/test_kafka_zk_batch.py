@@ -158,10 +158,17 @@ def test_more_isr_writes_than_one_transaction_holds(zk, monkeypatch):
 
 def test_assignments_and_configs_of_many_topics_in_one_read(zk):
     zk.create_topic("compacted", {0: (1, 2, 0)}, {"cleanup.policy": "compact"})
-    assignments, configs = zk.assignments_and_configs([TOPIC, "gone", "compacted"])
-    assert assignments == {TOPIC: zk.assignment(TOPIC), "compacted": zk.assignment("compacted")}
+    zk.create_topic("garbled", {0: (1, 2, 0)}, {"cleanup.policy": "compact"})
+    zk.coord.set("/config/topics/garbled", b"{not json")
+    assignments, configs, unreadable = zk.assignments_and_configs(
+        [TOPIC, "gone", "compacted", "garbled"])  # fmt: skip
+    assert assignments == {TOPIC: zk.assignment(TOPIC), "compacted": zk.assignment("compacted"),
+                           "garbled": zk.assignment("garbled")}  # fmt: skip
     assert configs == {TOPIC: {}, "compacted": {"cleanup.policy": "compact"}}
-    assert zk.assignments_and_configs([]) == ({}, {})
+    # one garbled znode fails that topic's config alone, naming it
+    assert list(unreadable) == ["garbled"]
+    assert "/config/topics/garbled does not hold JSON" in unreadable["garbled"]
+    assert zk.assignments_and_configs([]) == ({}, {}, {})
 
 
 def test_topic_znodes_are_deleted_in_one_batch_even_with_an_unknown_child(zk):

@@ -87,10 +87,10 @@ class SimZk:
     def topic_config(self, topic: str) -> dict[str, str]:
         return {}
 
-    def assignments_and_configs(self, topics) -> tuple[dict, dict]:
+    def assignments_and_configs(self, topics) -> tuple[dict, dict, dict]:
         found = {topic: self.assignment(topic) for topic in topics}
         assignments = {topic: a for topic, a in found.items() if a is not None}
-        return assignments, {topic: self.topic_config(topic) for topic in assignments}
+        return assignments, {topic: self.topic_config(topic) for topic in assignments}, {}
 
     def partition_state(self, topic: str, partition: int) -> tuple[LeaderAndIsr, int] | None:
         return self.states.get((topic, partition))

@@ -44,6 +44,7 @@ class FakeStore:
         self.brokers = {b: registration(b) for b in brokers}
         self.assignments: dict[str, TopicAssignment] = {}
         self.configs: dict[str, dict[str, str]] = {}
+        self.unreadable: dict[str, str] = {}  # topic -> why its config znode does not decode
         self.states: dict[tuple[str, int], Leadership] = {}
         self.epoch_zk_version = EPOCH_ZK_VERSION
         self.isr_changes: list = []
@@ -76,7 +77,9 @@ class FakeStore:
                 return ev.TopicNamesRead(tuple(sorted(self.assignments)))
             case act.ReadTopics(topics=topics):
                 found = {t: self.assignments[t] for t in topics if t in self.assignments}
-                return ev.TopicsRead(found, {t: self.configs.get(t, {}) for t in found})
+                return ev.TopicsRead(
+                    found, {t: self.configs.get(t, {}) for t in found if t not in self.unreadable},
+                    {t: why for t, why in self.unreadable.items() if t in found})  # fmt: skip
             case act.ReadPartitionStates(partitions=partitions):
                 return ev.PartitionStatesRead({tp: self.states.get(tp) for tp in partitions})
             case act.WritePartitionStates():
@@ -523,6 +526,37 @@ def test_unclean_election_enabled_for_the_topic_elects_an_out_of_sync_replica():
         LeaderAndIsr c5 -> 2: t-0 2/e4/[2] v8 ar [1,2]
         UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 2/e4/[2] v8 offline [1]
     """)
+
+
+def test_a_topic_whose_config_does_not_decode_gets_no_unclean_election_until_it_does():
+    """As Kafka's getLogConfigs: the garbled topic fails alone (a failover read of every topic
+    raised until Dec 2026, and the controller resigned and won again ~100 times a second)."""
+    store = FakeStore()
+    store.topic("t", {0: (1, 2)}, {"unclean.leader.election.enable": "true"})
+    store.topic("u", {0: (2, 3)})
+    store.unreadable["t"] = "znode /config/topics/t does not hold JSON"
+    store.state(T0, 1, 3, (1,), 7)
+    store.state(("u", 0), 2, 3, (2, 3), 7)
+    h = Harness(store, unclean=True)  # the broker's default would elect anyone
+    startup = [line for line in h.step(ev.Startup()).splitlines() if "config" in line]
+    assert startup == [
+        "note t: its config cannot be read (znode /config/topics/t does not hold JSON); the topic "
+        "goes on with the broker's defaults and no unclean leader election. Write its config "
+        "again (localcluster topic alter) to fix it"]  # fmt: skip
+    del store.brokers[1]
+    assert h.step(ev.BrokerChange()) == expect("""
+        store ReadBrokers
+        RemoveBroker 1
+        note broker(s) [1] died
+        store WritePartitionStates t-0=-1/e4/[1]@v7 -> t-0@v8
+        note t-0: OFFLINE, no live replica in ISR [1] (unclean.leader.election.enable=false)
+        UpdateMetadata incremental c5 -> 2,3 (live 2,3): t-0 -1/e4/[1] v8 offline [1]
+    """)
+    # written again: read with the change notification, and the topic's own setting applies
+    del store.unreadable["t"]
+    steps = h.step(ev.TopicUncleanLeaderElectionEnable("t"))
+    assert "note t-0: leader 2 elected (offline) in epoch 5, ISR [2] UNCLEAN" in str(steps)
+    assert h.core.ctx.unreadable_configs == {}
 
 
 def test_enabling_unclean_election_for_a_topic_elects_its_offline_partitions_at_once():
