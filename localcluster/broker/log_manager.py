@@ -90,6 +90,9 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_clock = itertools.count()
         self._checkpoint_written: dict[str, int] = {}
+        # A log start moved (DeleteRecords, or a follower taking its leader's) since the host
+        # last had log-start-offset-checkpoint written: ReplicaHost.execute clears it
+        self.log_starts_moved = False
 
     def _open_producer_state(self, tp: TopicPartition, lg: Log) -> None:
         self.producer_states[tp] = ProducerStateManager.open(
@@ -180,11 +183,17 @@ class LogManager:
         self._write_offsets(LOG_START_OFFSET_CHECKPOINT, starts, taken)
 
     def checkpoint_log_start_offsets(self) -> None:
-        """Kafka's log-start-offset-checkpoint. Written at once whenever DeleteRecords moves
-        a start (not only by the periodic checkpoint, as Kafka): a kill -9 right after the
-        answer must not bring the deleted records back."""
-        self._write_offsets(LOG_START_OFFSET_CHECKPOINT,
-                            {tp: lg.log_start_offset for tp, lg in self.logs.items()})  # fmt: skip
+        """Kafka's log-start-offset-checkpoint, now (the host writes it whenever a start
+        moves: `log_starts_moved`)."""
+        self.write_log_start_offsets(*self.log_start_offsets())
+
+    def log_start_offsets(self) -> tuple[dict, int]:
+        """(every log's start, when taken), for `write_log_start_offsets`, which may run on
+        another thread."""
+        return {tp: lg.log_start_offset for tp, lg in self.logs.items()}, self.checkpoint_taken()
+
+    def write_log_start_offsets(self, starts: Mapping, taken: int) -> None:
+        self._write_offsets(LOG_START_OFFSET_CHECKPOINT, starts, taken)
 
     def checkpoint_taken(self) -> int:
         """A number that orders checkpoint values by when they were taken (on the loop)."""
@@ -271,7 +280,7 @@ class LogManager:
         elif isinstance(action, r.IncrementLogStartOffset):
             if lg.increment_log_start_offset(action.offset):
                 self.producer_states[action.tp].truncate_head(lg.log_start_offset)
-                self.checkpoint_log_start_offsets()
+                self.log_starts_moved = True  # the host has the checkpoint written
         else:
             assert isinstance(action, r.DeleteLog), action
             if lg is not None:

@@ -199,6 +199,9 @@ class ReplicaHost:
         for action in ready.log_actions:
             self.on_log_action(action)
             self.log_manager.apply(action)
+        if self.log_manager.log_starts_moved:
+            self.log_manager.log_starts_moved = False
+            self.checkpoint_log_start_offsets()
         for append in ready.follower_appends:
             failure = self.log_manager.append_as_follower(append)
             self.execute(self.core.on_follower_append_failed(append.tp, failure, self.now_ms())
@@ -267,6 +270,12 @@ class ReplicaHost:
 
     def checkpoint_recovery_points(self) -> None:
         self.log_manager.checkpoint_recovery_points()
+
+    def checkpoint_log_start_offsets(self) -> None:
+        """A log start moved: written at once, not only by the periodic checkpoint as Kafka
+        does, so that a kill -9 right after a DeleteRecords answer does not bring the deleted
+        records back (the runtime writes it on its checkpoint thread)."""
+        self.log_manager.checkpoint_log_start_offsets()
 
     def close(self) -> None:
         """A clean shutdown: flush, both checkpoints, close every log."""

@@ -119,6 +119,13 @@ class ReplicaManager(ReplicaHost):
         )
         self._hw_checkpoint: concurrent.futures.Future | None = None
         self._recovery_checkpoint: concurrent.futures.Future | None = None
+        # log-start-offset-checkpoint, written whenever a start moves: moves counted, the count
+        # the last finished write covers, the write under way, and DeleteRecords' waits
+        self._log_start_moves = 0
+        self._log_start_moves_written = 0
+        self._log_start_write: asyncio.Future | None = None
+        self._log_start_waiters: list[tuple[int, asyncio.Future]] = []
+        self._closing = False
 
     def now_ms(self) -> int:
         return int(asyncio.get_running_loop().time() * 1000)
@@ -153,8 +160,61 @@ class ReplicaManager(ReplicaHost):
         )
         self._recovery_checkpoint.add_done_callback(_report_checkpoint_failure)
 
+    def checkpoint_log_start_offsets(self) -> None:
+        """On the checkpoint thread too. A follower takes its leader's start from every fetch
+        answer that moved it: under retention, a few times a second per partition, and each
+        write (fsync, rename, fsync the directory) blocked the event loop 7-35 ms on this
+        machine's disk. One write at a time; moves during it are covered by one more after it.
+        DeleteRecords waits for the write (`log_starts_written`) before it answers."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop (opening the logs at start, a test): write it now
+            return super().checkpoint_log_start_offsets()
+        self._log_start_moves += 1
+        if self._log_start_write is None and not self._closing:
+            self._write_log_starts()
+
+    def _write_log_starts(self) -> None:
+        covers = self._log_start_moves
+        job = self._checkpoints.submit(self.log_manager.write_log_start_offsets,
+                                       *self.log_manager.log_start_offsets())  # fmt: skip
+        job.add_done_callback(_report_checkpoint_failure)
+        self._log_start_write = asyncio.wrap_future(job)
+        self._log_start_write.add_done_callback(lambda done: self._log_starts_done(covers, done))
+
+    def _log_starts_done(self, covers: int, done: asyncio.Future) -> None:
+        self._log_start_write = None
+        error = None if done.cancelled() else done.exception()
+        if error is None:
+            self._log_start_moves_written = covers
+        waiting, self._log_start_waiters = self._log_start_waiters, []
+        for moves, waiter in waiting:
+            if waiter.done():
+                continue
+            if error is not None:
+                waiter.set_exception(error)
+            elif moves <= covers:
+                waiter.set_result(None)
+            else:
+                self._log_start_waiters.append((moves, waiter))
+        if self._log_start_moves > covers and not self._closing:
+            self._write_log_starts()
+
+    async def log_starts_written(self) -> None:
+        """Until every log start moved so far is in log-start-offset-checkpoint; raises the
+        write's OSError if it failed."""
+        moves = self._log_start_moves
+        if self._log_start_moves_written >= moves:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._log_start_waiters.append((moves, waiter))
+        if self._log_start_write is None and not self._closing:  # the last one failed: again
+            self._write_log_starts()
+        await waiter
+
     def close(self) -> None:
         """A write in progress ends first; then the final checkpoints, on this thread."""
+        self._closing = True
         self._checkpoints.shutdown(wait=True)
         super().close()
 
@@ -379,6 +439,13 @@ class ReplicaManager(ReplicaHost):
                 results[tp] = (error, -1)
             else:
                 targets[tp] = target
+        try:
+            await self.log_starts_written()  # a kill -9 after the answer keeps them deleted
+        except OSError as e:
+            log.error("DeleteRecords: log-start-offset-checkpoint not written: %s", e)
+            for tp in targets:
+                results[tp] = (ErrorCode.kafka_storage_error, -1)
+            return [results[tp] for tp, _ in entries]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 0) / 1000
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from localcluster.broker.config import BrokerConfig
 from localcluster.broker.replica_manager import ReplicaManager
 from localcluster.protocol.controller_requests import PartitionState
+from localcluster.replication import ready as r
 from localcluster.storage import Record, encode_batch
 from localcluster.storage.checkpoint import read_partition_offsets
 
@@ -113,6 +116,76 @@ def test_a_leader_and_isr_needs_the_configs_of_the_topics_it_starts_hosting_only
         new = PartitionState("u", 0, 1, 2, 0, (2, 1), 0, (2, 1))
         again = PartitionState("t", 0, 2, 1, 0, (1, 2), 0, (1, 2))
         assert manager.topics_to_configure([again, new]) == {"u"}
+        manager.close()
+
+    asyncio.run(run())
+
+
+def test_a_moved_log_start_is_written_on_the_thread_and_delete_records_waits_for_it(tmp_path):
+    """A follower takes its leader's start from every fetch answer that moves it (under
+    retention, several times a second); each write fsyncs on the broker's disk, which blocked
+    the event loop 7-35 ms a time until Dec 2026. Moves during a write are covered by one more
+    write after it; `log_starts_written` (DeleteRecords' answer) waits until they are on disk."""
+
+    async def run():
+        manager = ReplicaManager(BrokerConfig(), tmp_path / "data", tmp_path)
+        lg = manager.log_manager.get_or_create(("t", 0))
+        lg.append(encode_batch([Record(b"v") for _ in range(10)]), leader_epoch=0)
+        write = manager.log_manager.write_log_start_offsets
+        writes: list[tuple[str, dict]] = []
+        entered, gate = threading.Event(), threading.Event()
+
+        def slow_write(starts, taken):
+            writes.append((threading.current_thread().name, dict(starts)))
+            entered.set()
+            assert gate.wait(DEADLINE_S)  # a write stuck in fsync
+            write(starts, taken)
+
+        manager.log_manager.write_log_start_offsets = slow_write
+        manager.execute(r.Ready(log_actions=[r.IncrementLogStartOffset(("t", 0), 2)]))
+        assert await asyncio.to_thread(entered.wait, DEADLINE_S)  # the loop went on
+        for offset in (4, 6):  # two more moves while the first write waits
+            manager.execute(r.Ready(log_actions=[r.IncrementLogStartOffset(("t", 0), offset)]))
+        written = asyncio.ensure_future(manager.log_starts_written())
+        await asyncio.sleep(0)
+        assert not written.done()
+        gate.set()
+        await asyncio.wait_for(written, DEADLINE_S)
+        assert [(name.startswith("hw-checkpoint"), starts) for name, starts in writes] == [
+            (True, {("t", 0): 2}), (True, {("t", 0): 6})]  # fmt: skip
+        assert read_partition_offsets(tmp_path / "log-start-offset-checkpoint") == {("t", 0): 6}
+        await manager.log_starts_written()  # nothing moved since: at once
+        manager.close()
+
+    asyncio.run(run())
+
+
+def test_a_failed_log_start_write_reaches_its_waiter_and_the_next_wait_writes_again(tmp_path):
+    """DeleteRecords answers KAFKA_STORAGE_ERROR then, rather than a deletion a kill -9 undoes."""
+
+    async def run():
+        manager = ReplicaManager(BrokerConfig(), tmp_path / "data", tmp_path)
+        lg = manager.log_manager.get_or_create(("t", 0))
+        lg.append(encode_batch([Record(b"v") for _ in range(10)]), leader_epoch=0)
+        write = manager.log_manager.write_log_start_offsets
+        failures = [OSError(28, "No space left on device")]
+        gate = threading.Event()
+
+        def failing_once(starts, taken):
+            assert gate.wait(DEADLINE_S)
+            if failures:
+                raise failures.pop()
+            write(starts, taken)
+
+        manager.log_manager.write_log_start_offsets = failing_once
+        manager.execute(r.Ready(log_actions=[r.IncrementLogStartOffset(("t", 0), 3)]))
+        waiting = asyncio.ensure_future(manager.log_starts_written())
+        await asyncio.sleep(0)  # it waits for the write under way
+        gate.set()
+        with pytest.raises(OSError, match="No space left"):
+            await asyncio.wait_for(waiting, DEADLINE_S)
+        await asyncio.wait_for(manager.log_starts_written(), DEADLINE_S)  # written again
+        assert read_partition_offsets(tmp_path / "log-start-offset-checkpoint") == {("t", 0): 3}
         manager.close()
 
     asyncio.run(run())
