@@ -294,12 +294,18 @@ class Partition:
         self._check()
         return moved
 
-    def on_isr_update_failed(self, zk_version: int | None = None) -> None:
+    def on_isr_update_failed(self, zk_version: int | None = None) -> bool:
         """The conditional write lost (the controller changed the state): retry later with
-        the version re-read, or wait for the controller's LeaderAndIsr."""
+        the version re-read, or wait for the controller's LeaderAndIsr. A failed expansion no
+        longer holds the HW to the member it would have added: recomputed now (True when it
+        moved), as the next append or moving fetch would; members idle at the leader's end
+        take the shortcut in update_follower_fetch_state and never recompute it, so a
+        failed expansion of a replica that then died left the HW, and acks=all produces,
+        waiting for the next append."""
         self.pending_isr = None
         if zk_version is not None:
             self.zk_version = zk_version
+        return self.maybe_increment_leader_hw()
 
     def maybe_increment_leader_hw(self) -> bool:
         """HW = the smallest log end offset in the maximal ISR (the committed ISR and any

@@ -492,7 +492,8 @@ class ReplicaCore:
         # idle only members of the ISR).
         ready.wake_fetches.add(tp)
         if not written:
-            p.on_isr_update_failed(zk_version)
+            if p.on_isr_update_failed(zk_version):
+                self._high_watermark_moved(hosted, ready)
             return self._take()
         ready.state_changes.append(IsrChanged(tp, tuple(sorted(p.isr)), update.isr))
         if p.on_isr_update_succeeded(update.isr, zk_version):

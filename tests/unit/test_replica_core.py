@@ -393,6 +393,23 @@ def test_an_acks_all_produce_waits_for_the_hw_and_completes_when_the_follower_fe
     )
 
 
+def test_a_failed_isr_expansion_releases_the_hw_and_answers_the_produces_it_held():
+    """A proposed member counts for the HW until its write lands (KIP-497); when the write
+    fails, the HW is the committed ISR's at once (until Dec 2026 it waited for the next append
+    or a fetch that moved: a member idle at the leader's end never recomputes it)."""
+    rt = Runtime(replica_lag_time_max_ms=1000, min_insync_replicas=2)
+    rt.leader_and_isr(State(1, 1, (1, 2), replicas=(1, 2, 3)))
+    rt.produce("p1", 2)
+    assert "isr-write [1, 2, 3] at v0" in rt.step(
+        rt.core.record_follower_fetch(3, [(TP, 0, 1)], 5))  # fmt: skip
+    rt.step(rt.core.record_follower_fetch(2, [(TP, 2, 1)], 6))
+    assert hw(rt) == 0  # held by replica 3, proposed
+    assert rt.step(rt.core.on_isr_write_result(rt.isr_writes[-1], False, 3)) == expect("""
+        answer p1 NONE
+        wake fetches""")
+    assert hw(rt) == 2
+
+
 def test_expiring_produces_names_the_next_deadline_of_a_produce_still_waiting():
     # A runtime keeps one timer for all parked produces: each tick's Ready says when the next
     # one is due, skipping produces already answered.
