@@ -398,15 +398,23 @@ def topics(client) -> list[str]:
     return KafkaZkClient(client).topics()
 
 
-def partition_states(client, only_topics=None) -> list[dict]:
+def partition_states(client, only_topics=None, unreadable: dict | None = None) -> list[dict]:
     """Every partition: topic, partition, replicas (AR), adding/removing, leader, leader
-    epoch, isr, and the state's zkVersion, read straight from the store."""
+    epoch, isr, and the state's zkVersion, read straight from the store. A topic whose znode
+    does not decode is left out, and put in `unreadable` (topic: why) when given."""
     from localcluster.coord import paths
+    from localcluster.coord.znode_data import ZnodeDataError
 
     zk = KafkaZkClient(client)
     out = []
     for topic in only_topics if only_topics is not None else zk.topics():
-        assignment = zk.assignment(topic)
+        try:
+            assignment = zk.assignment(topic)
+        except ZnodeDataError as e:
+            if unreadable is None:
+                raise
+            unreadable[topic] = str(e)
+            continue
         if assignment is None:
             continue
         deleting = client.exists(paths.delete_topic_path(topic)) is not None
@@ -505,7 +513,8 @@ def status(cluster_dir: Path, spec: ClusterSpec | None = None) -> dict:
     with store(spec) as client:
         regs = registrations(client)
         controller = controller_id(client)
-        partitions = partition_states(client)
+        unreadable: dict[str, str] = {}
+        partitions = partition_states(client, unreadable=unreadable)
         reassigning = reassignment_in_progress(client)
     replicas = replica_offsets(cluster_dir)
     brokers = []
@@ -537,7 +546,7 @@ def status(cluster_dir: Path, spec: ClusterSpec | None = None) -> dict:
             "supervisor_pid": supervisor_pid(cluster_dir), "brokers": brokers,
             "controller": controller,
             "bootstrap_servers": spec.bootstrap_servers() or bootstrap_servers(regs),
-            "partitions": partitions}  # fmt: skip
+            "partitions": partitions, "unreadable_topics": unreadable}  # fmt: skip
 
 
 def replica_offsets(cluster_dir: Path) -> dict[tuple[str, int, int], tuple[int, int]]:

@@ -29,7 +29,7 @@ from localcluster.controller.assignment import (
 )
 from localcluster.coord import CoordinationClient, NodeExistsError, NoNodeError, paths
 from localcluster.coord.kafka_zk import KafkaZkClient
-from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr
+from localcluster.coord.znode_data import BrokerRegistration, LeaderAndIsr, ZnodeDataError
 from localcluster.metadata_types import OFFSETS_TOPIC
 
 log = logging.getLogger(__name__)
@@ -227,7 +227,11 @@ class ClusterMetadata:
                 else ErrorCode.unknown_topic_or_partition
             )
             return {"name": name, "error_code": code, "partitions": []}
-        assignment = self.zk.assignment(name)
+        try:
+            assignment = self.zk.assignment(name)
+        except ZnodeDataError:  # the controller leaves it alone and its log says why
+            return {"name": name, "error_code": ErrorCode.unknown_topic_or_partition,
+                    "partitions": []}  # fmt: skip
         if assignment is None:
             if auto_create:
                 try:

@@ -219,6 +219,7 @@ class Note:
 
     line: str
     event: tuple[str, dict] | None = None
+    warning: bool = False  # something the operator should fix (logged at WARNING)
 
 
 @dataclass(frozen=True, slots=True)

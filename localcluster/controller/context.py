@@ -41,6 +41,9 @@ class ControllerContext:
     # topics whose config znode did not decode, with why: no unclean election for them until
     # it does (Kafka fails the election of such a topic's partitions that have no live ISR)
     unreadable_configs: dict[str, str] = field(default_factory=dict)
+    # topics whose assignment znode did not decode, with why: left alone (no partitions known)
+    # until a change of that znode reads it again
+    unreadable_assignments: dict[str, str] = field(default_factory=dict)
     reassignments: dict[TopicPartition, tuple[int, ...]] = field(default_factory=dict)
     # each reassignment's (adding, removing) replicas, written into the topic's znode for all
     # its partitions under way (ListPartitionReassignments reads them there)

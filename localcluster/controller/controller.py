@@ -171,8 +171,8 @@ class KafkaController:
                 if isinstance(event, ev.ControlledShutdown):
                     self._answer(event.correlation_id, None)  # the broker asks again
 
-    def event(self, line: str) -> None:
-        log.info("controller %d: %s", self.broker_id, line)
+    def event(self, line: str, level: int = logging.INFO) -> None:
+        log.log(level, "controller %d: %s", self.broker_id, line)
         self.on_event(line)
 
     # -- the step loop ------------------------------------------------------------------------
@@ -244,7 +244,7 @@ class KafkaController:
                 kinds.setdefault(note.event[0], []).append(note)
                 log.debug("controller %d: %s", self.broker_id, note.line)
             else:
-                self.event(note.line)
+                self.event(note.line, logging.WARNING if note.warning else logging.INFO)
         for kind, group in kinds.items():
             self.event(f"{len(group):,} partition(s) {kind.replace('_', ' ')}, e.g. "
                        f"{group[0].line}; each one is in {STATE_CHANGE_LOG}")  # fmt: skip

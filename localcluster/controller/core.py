@@ -163,8 +163,8 @@ class ControllerCore:
 
     # -- what handlers share ------------------------------------------------------------------
 
-    def note(self, line: str) -> None:
-        self._actions.append(act.Note(line))
+    def note(self, line: str, warning: bool = False) -> None:
+        self._actions.append(act.Note(line, warning=warning))
 
     def emit(self, action: act.Action) -> None:
         self._actions.append(action)
@@ -198,8 +198,8 @@ class ControllerCore:
             self.emit(act.AddBroker(registration))
         names = yield act.ReadTopicNames()
         yield from self._load_topics(names.topics)
-        for topic in sorted(ctx.topics()):
-            self.emit(act.WatchTopic(topic))
+        for topic in sorted(ctx.topics() | set(ctx.unreadable_assignments)):
+            self.emit(act.WatchTopic(topic))  # an unreadable one: to read it when rewritten
         self._initialize_states()
         # The brokers hold the previous controller's picture, as far as the store tells: the
         # elections' UpdateMetadata names the partitions they change, and the full picture
@@ -241,7 +241,9 @@ class ControllerCore:
         for topic in topics:
             assignment = read.assignments.get(topic)
             if assignment is None:
+                self._take_unreadable_assignment(topic, read.unreadable.get(topic))
                 continue
+            ctx.unreadable_assignments.pop(topic, None)
             self._take_config(read, topic)
             for p, replicas in sorted(assignment.partitions.items()):
                 tp = (topic, p)
@@ -256,14 +258,27 @@ class ControllerCore:
         topic without unclean election, said once until it decodes again."""
         ctx = self.ctx
         ctx.topic_configs[topic] = dict(read.configs.get(topic, {}))
-        reason = read.unreadable_configs.get(topic)
+        reason = read.unreadable.get(topic)
         if reason is None:
             ctx.unreadable_configs.pop(topic, None)
         elif ctx.unreadable_configs.get(topic) != reason:
             ctx.unreadable_configs[topic] = reason
             self.note(f"{topic}: its config cannot be read ({reason}); the topic goes on with "
                       "the broker's defaults and no unclean leader election. Write its config "
-                      "again (localcluster topic alter) to fix it")  # fmt: skip
+                      "again (localcluster topic alter) to fix it", warning=True)  # fmt: skip
+
+    def _take_unreadable_assignment(self, topic: str, reason: str | None) -> None:
+        """A topic whose assignment does not decode is left alone, said once per reason (a
+        failover read of every topic raised on it until Dec 2026, and the controller
+        resigned and won again ~100 times a second, electing for no topic at all)."""
+        unreadable = self.ctx.unreadable_assignments
+        if reason is None:
+            unreadable.pop(topic, None)  # gone meanwhile
+        elif unreadable.get(topic) != reason:
+            unreadable[topic] = reason
+            self.note(f"{topic}: its partitions cannot be read ({reason}); the controller "
+                      "leaves the topic alone until that znode decodes (write it again, or "
+                      "delete the topic and create it again)", warning=True)  # fmt: skip
 
     def _on_topic_unclean_leader_election_enable(self, topic: str) -> act.Operation[None]:
         """Read the topic's config again; if unclean election is on now, bring its offline
@@ -381,14 +396,20 @@ class ControllerCore:
         for topic in sorted(ctx.topics() - in_store):
             ctx.remove_topic(topic)
             self.emit(act.UnwatchTopic(topic))
+        for topic in sorted(set(ctx.unreadable_assignments) - in_store):
+            del ctx.unreadable_assignments[topic]
+            self.emit(act.UnwatchTopic(topic))
+        watched = ctx.topics() | set(ctx.unreadable_assignments)
         new_topics = sorted(in_store - ctx.topics())
         new_partitions = yield from self._load_topics(new_topics)
         for topic in new_topics:
-            self.emit(act.WatchTopic(topic))
+            if topic not in watched:
+                self.emit(act.WatchTopic(topic))
         yield from self.on_new_partitions(new_partitions)
 
     def _on_partition_modifications(self, topic: str) -> act.Operation[None]:
-        if topic in self.ctx.topics() and topic not in self.ctx.topics_to_delete:
+        known = topic in self.ctx.topics() or topic in self.ctx.unreadable_assignments
+        if known and topic not in self.ctx.topics_to_delete:
             added = yield from self._load_topics([topic])
             yield from self.on_new_partitions(added)
 

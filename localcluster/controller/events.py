@@ -120,11 +120,12 @@ class TopicNamesRead:
 @dataclass(frozen=True, slots=True)
 class TopicsRead:
     """Each asked topic's assignment (missing: the topic is gone) and config overrides, and
-    apart the topics whose config znode does not decode, with why."""
+    apart the topics whose znodes do not decode, with why: the config when the topic is in
+    `assignments`, else the assignment."""
 
     assignments: dict[str, TopicAssignment]
     configs: dict[str, dict[str, str]]
-    unreadable_configs: dict[str, str] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

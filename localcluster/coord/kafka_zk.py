@@ -182,9 +182,10 @@ class KafkaZkClient:
     ) -> tuple[dict[str, TopicAssignment], dict[str, dict[str, str]], dict[str, str]]:
         """`assignment` and `topic_config` of many topics in ONE `get_many`: the topics
         that exist, their assignments, their overrides ({} when none) and, apart, the topics
-        whose config znode does not decode, with why. Those are not in the overrides: as
-        Kafka's getLogConfigs, one topic's garbled config fails that topic's config alone,
-        not the read of every topic (a controller's failover read them all, and resigned)."""
+        whose assignment or config znode does not decode, with why (a topic in the
+        assignments: its config; not in them: its assignment). As Kafka's getLogConfigs, one
+        topic's garbled znode fails that topic alone, not the read of every topic (a
+        controller's failover read them all, and resigned)."""
         assignment_paths = [paths.topic_path(topic) for topic in topics]
         config_paths = [config_path(topic) for topic in topics]
         found = self.coord.get_many(assignment_paths + config_paths)
@@ -193,7 +194,11 @@ class KafkaZkClient:
             assignment, config = found[i], found[len(topics) + i]
             if assignment is None:
                 continue
-            assignments[topic] = decode_topic_assignment(assignment_paths[i], assignment[0])
+            try:
+                assignments[topic] = decode_topic_assignment(assignment_paths[i], assignment[0])
+            except ZnodeDataError as e:
+                unreadable[topic] = str(e)
+                continue
             try:
                 configs[topic] = (
                     {} if config is None else decode_topic_config(config_paths[i], config[0])

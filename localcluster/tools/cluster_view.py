@@ -112,6 +112,9 @@ def summary_lines(state: dict) -> list[str]:
     if stale:
         lines.append(f"stale pid files for brokers {_ids(stale)} (those processes are gone; "
                      "`localcluster start ID` or `localcluster down`)")  # fmt: skip
+    for topic, why in sorted(state.get("unreadable_topics", {}).items()):
+        lines.append(f"topic {topic} left out: {why} (the controller leaves it alone until "
+                     "that znode decodes)")  # fmt: skip
     return lines
 
 

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from localcluster import coord
 from localcluster.broker.state_change_log import FILE_NAME, read_events
+from localcluster.cluster import partition_states
 from localcluster.coord import paths
 from localcluster.coord.kafka_zk import KafkaZkClient
 from tests.brokers import pause
@@ -193,6 +194,38 @@ def test_killing_the_controller_elects_another_that_still_creates_and_elects(clu
     victim = c.state("after", 0).leader
     c.brokers[victim].kill()
     wait_until(lambda: c.state("after", 0).leader not in (victim, -1), timeout_s=10)
+
+
+def test_a_topic_znode_that_does_not_decode_leaves_the_rest_of_the_cluster_led(cluster):
+    """Until Dec 2026 a new controller's read of every topic raised on one garbled topic
+    znode: it resigned and won again ~100 times a second (epoch +300 in 3 s), electing for no
+    topic, and Metadata closed the connection. Now that topic alone is left out."""
+    c = cluster.start(2)
+    c.create_topic("good", 1, 2)
+    c.create_topic("garbled", 1, 2)
+    c.zk.coord.set(paths.topic_path("garbled"), b'{"version": 2, "partitions": {"0": "x"}}')
+    epoch_before = int(c.zk.coord.get(paths.CONTROLLER_EPOCH)[0])
+    old = c.zk.controller_id()
+    c.brokers[old].kill()
+    survivor = c.brokers[next(b for b in c.brokers if b != old)]
+    wait_until(lambda: "garbled: its partitions cannot be read" in survivor.log_text(),
+               timeout_s=10, message="the new controller says which topic it leaves alone")  # fmt: skip
+    wait_until(lambda: c.state("good").leader == survivor.broker_id, timeout_s=10,
+               message="the other topic is led by the surviving broker")  # fmt: skip
+    assert int(c.zk.coord.get(paths.CONTROLLER_EPOCH)[0]) == epoch_before + 1
+    assert "failover failed" not in survivor.log_text()
+    (said,) = [line for line in survivor.log_text().splitlines() if "cannot be read" in line]
+    assert " WARNING " in said
+    metadata = AdminClient({"bootstrap.servers": survivor.bootstrap}).list_topics(timeout=10)
+    assert metadata.topics["good"].partitions[0].leader == survivor.broker_id
+    unreadable = {}  # `localcluster status` lists the other topics and names this one
+    rows = partition_states(c.zk.coord, unreadable=unreadable)
+    assert {row["topic"] for row in rows} == {"good"}
+    assert "/brokers/topics/garbled" in unreadable["garbled"]
+    # written again (here as it was): the watch on its znode brings the topic back
+    c.zk.coord.set(paths.topic_path("garbled"), b'{"version": 2, "partitions": {"0": [1, 2]}}')
+    wait_until(lambda: c.state("garbled").leader == survivor.broker_id, timeout_s=10,
+               message="the repaired topic is led again")  # fmt: skip
 
 
 def test_unclean_election_off_leaves_the_partition_offline(cluster):

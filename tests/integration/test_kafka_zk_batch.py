@@ -160,14 +160,17 @@ def test_assignments_and_configs_of_many_topics_in_one_read(zk):
     zk.create_topic("compacted", {0: (1, 2, 0)}, {"cleanup.policy": "compact"})
     zk.create_topic("garbled", {0: (1, 2, 0)}, {"cleanup.policy": "compact"})
     zk.coord.set("/config/topics/garbled", b"{not json")
+    zk.create_topic("mangled", {0: (1, 2, 0)}, {})
+    zk.coord.set("/brokers/topics/mangled", b'{"version": 2, "partitions": {"0": "x"}}')
     assignments, configs, unreadable = zk.assignments_and_configs(
-        [TOPIC, "gone", "compacted", "garbled"])  # fmt: skip
+        [TOPIC, "gone", "compacted", "garbled", "mangled"])  # fmt: skip
     assert assignments == {TOPIC: zk.assignment(TOPIC), "compacted": zk.assignment("compacted"),
                            "garbled": zk.assignment("garbled")}  # fmt: skip
     assert configs == {TOPIC: {}, "compacted": {"cleanup.policy": "compact"}}
-    # one garbled znode fails that topic's config alone, naming it
-    assert list(unreadable) == ["garbled"]
+    # one garbled znode fails that topic alone, naming it: its config, or its assignment
+    assert sorted(unreadable) == ["garbled", "mangled"]
     assert "/config/topics/garbled does not hold JSON" in unreadable["garbled"]
+    assert "/brokers/topics/mangled" in unreadable["mangled"]
     assert zk.assignments_and_configs([]) == ({}, {}, {})
 
 

@@ -45,6 +45,7 @@ class FakeStore:
         self.assignments: dict[str, TopicAssignment] = {}
         self.configs: dict[str, dict[str, str]] = {}
         self.unreadable: dict[str, str] = {}  # topic -> why its config znode does not decode
+        self.garbled: dict[str, str] = {}  # topic -> why its assignment znode does not decode
         self.states: dict[tuple[str, int], Leadership] = {}
         self.epoch_zk_version = EPOCH_ZK_VERSION
         self.isr_changes: list = []
@@ -76,10 +77,12 @@ class FakeStore:
             case act.ReadTopicNames():
                 return ev.TopicNamesRead(tuple(sorted(self.assignments)))
             case act.ReadTopics(topics=topics):
-                found = {t: self.assignments[t] for t in topics if t in self.assignments}
+                found = {t: self.assignments[t] for t in topics
+                         if t in self.assignments and t not in self.garbled}  # fmt: skip
                 return ev.TopicsRead(
                     found, {t: self.configs.get(t, {}) for t in found if t not in self.unreadable},
-                    {t: why for t, why in self.unreadable.items() if t in found})  # fmt: skip
+                    {**{t: why for t, why in self.unreadable.items() if t in found},
+                     **{t: why for t, why in self.garbled.items() if t in topics}})  # fmt: skip
             case act.ReadPartitionStates(partitions=partitions):
                 return ev.PartitionStatesRead({tp: self.states.get(tp) for tp in partitions})
             case act.WritePartitionStates():
@@ -557,6 +560,32 @@ def test_a_topic_whose_config_does_not_decode_gets_no_unclean_election_until_it_
     steps = h.step(ev.TopicUncleanLeaderElectionEnable("t"))
     assert "note t-0: leader 2 elected (offline) in epoch 5, ISR [2] UNCLEAN" in str(steps)
     assert h.core.ctx.unreadable_configs == {}
+
+
+def test_a_topic_whose_assignment_does_not_decode_is_left_alone_until_it_does():
+    """The other topics are loaded and led; the garbled one is watched, said once, and taken
+    up when its znode changes and decodes (until Dec 2026 the failover read raised on it, and
+    the controller resigned and won again ~100 times a second)."""
+    store = FakeStore()
+    store.topic("t", {0: (1, 2)})
+    store.topic("u", {0: (2, 3)})
+    store.garbled["t"] = "topic znode /brokers/topics/t: partitions is malformed"
+    h = Harness(store)
+    startup = h.step(ev.Startup()).splitlines()
+    assert [line for line in startup if "cannot be read" in line] == [
+        "note t: its partitions cannot be read (topic znode /brokers/topics/t: partitions is "
+        "malformed); the controller leaves the topic alone until that znode decodes (write it "
+        "again, or delete the topic and create it again)"]  # fmt: skip
+    assert "WatchTopic t" in startup and "WatchTopic u" in startup
+    assert ("u", 0) in h.core.ctx.assignments and ("t", 0) not in h.core.ctx.assignments
+    store.topic("v", {0: (3, 1)})  # another topic's creation reads t again: not said twice
+    created = h.step(ev.TopicChange())
+    assert "cannot be read" not in created and "WatchTopic t" not in created
+    assert "WatchTopic v" in created
+    del store.garbled["t"]  # written again: the watch on its znode brings it in
+    fixed = h.step(ev.PartitionModifications("t"))
+    assert "note t-0: leader 1 elected" in fixed
+    assert h.core.ctx.unreadable_assignments == {}
 
 
 def test_enabling_unclean_election_for_a_topic_elects_its_offline_partitions_at_once():
