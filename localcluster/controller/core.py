@@ -277,8 +277,9 @@ class ControllerCore:
         elif unreadable.get(topic) != reason:
             unreadable[topic] = reason
             self.note(f"{topic}: its partitions cannot be read ({reason}); the controller "
-                      "leaves the topic alone until that znode decodes (write it again, or "
-                      "delete the topic and create it again)", warning=True)  # fmt: skip
+                      "leaves the topic alone until that znode decodes: write it again in "
+                      "Kafka's format, e.g. {\"version\":2,\"partitions\":{\"0\":[1,2]}} (a "
+                      "deletion would leave its logs on the brokers)", warning=True)  # fmt: skip
 
     def _on_topic_unclean_leader_election_enable(self, topic: str) -> act.Operation[None]:
         """Read the topic's config again; if unclean election is on now, bring its offline

@@ -574,8 +574,9 @@ def test_a_topic_whose_assignment_does_not_decode_is_left_alone_until_it_does():
     startup = h.step(ev.Startup()).splitlines()
     assert [line for line in startup if "cannot be read" in line] == [
         "note t: its partitions cannot be read (topic znode /brokers/topics/t: partitions is "
-        "malformed); the controller leaves the topic alone until that znode decodes (write it "
-        "again, or delete the topic and create it again)"]  # fmt: skip
+        "malformed); the controller leaves the topic alone until that znode decodes: write it "
+        'again in Kafka\'s format, e.g. {"version":2,"partitions":{"0":[1,2]}} (a deletion '
+        "would leave its logs on the brokers)"]  # fmt: skip
     assert "WatchTopic t" in startup and "WatchTopic u" in startup
     assert ("u", 0) in h.core.ctx.assignments and ("t", 0) not in h.core.ctx.assignments
     store.topic("v", {0: (3, 1)})  # another topic's creation reads t again: not said twice
