@@ -30,6 +30,7 @@ from localcluster.storage import (
     Log,
     LogConfig,
     LogDirectoryFullError,
+    LogFlush,
     UnexpectedAppendOffsetError,
     read_partition_offsets,
     write_partition_offsets,
@@ -64,6 +65,12 @@ def check_compressed_batches(records, batches: list[tuple[int, rb.BatchHeader]])
         if header.compression:
             for _ in rb.iter_records(view[position : position + header.size]):
                 pass  # iter_records raises on a bad payload or a wrong record count
+
+
+def run_flushes(flushes: list[LogFlush]) -> None:
+    """fdatasync what `LogManager.flush_plans` named (the broker: on its checkpoint thread)."""
+    for flush in flushes:
+        flush.run()
 
 
 def parse_partition_dir(name: str) -> TopicPartition | None:
@@ -174,7 +181,22 @@ class LogManager:
     def recovery_points(self) -> tuple[dict, dict, int]:
         """Flush every log: (recovery points, log start offsets, when taken), for
         `write_recovery_points`, which may run on another thread."""
-        points = {tp: lg.flush() for tp, lg in self.logs.items()}
+        flushes = self.flush_plans()
+        run_flushes(flushes)
+        return self.flushed(flushes)
+
+    def flush_plans(self) -> list[LogFlush]:
+        """What flushing every log syncs (`run_flushes`, on any thread), then `flushed`."""
+        return [lg.flush_plan(state.unsynced_files() if (state := self.producer_states.get(tp))
+                              else ())
+                for tp, lg in self.logs.items()]  # fmt: skip
+
+    def flushed(self, flushes: list[LogFlush]) -> tuple[dict, dict, int]:
+        """After `run_flushes(flushes)`: the logs' recovery points moved, and what
+        `write_recovery_points` writes (every log open now, a deleted one left out)."""
+        for flush in flushes:
+            flush.log.flushed(flush)
+        points = {tp: lg.recovery_point for tp, lg in self.logs.items()}
         starts = {tp: lg.log_start_offset for tp, lg in self.logs.items()}
         return points, starts, self.checkpoint_taken()
 
@@ -220,9 +242,9 @@ class LogManager:
         self.logs.clear()
         self.producer_states.clear()
 
-    def _snapshot(self, tp: TopicPartition) -> None:
+    def _snapshot(self, tp: TopicPartition, sync: bool = True) -> None:
         try:
-            self.producer_states[tp].take_snapshot(self.logs[tp].log_end_offset)
+            self.producer_states[tp].take_snapshot(self.logs[tp].log_end_offset, sync)
         except OSError as e:  # a full disk: the next load replays the log instead
             log.warning("%s-%d: producer state snapshot not written: %s", *tp, e)
 
@@ -260,7 +282,7 @@ class LogManager:
         info = lg.append(records, leader_epoch, batches)
         producers.state.apply(verdict)
         if lg.active_segment.base_offset != segment:
-            self._snapshot(tp)  # Kafka snapshots the producer state at every roll
+            self._snapshot(tp, sync=False)  # Kafka's at every roll, synced by the next flush
         return info
 
     # -- the core's log actions ------------------------------------------------------------------
@@ -300,7 +322,7 @@ class LogManager:
                 # Followers keep the producer state too (unchecked), so a new leader has it.
                 self.producer_states[append.tp].state.replay(info.headers)
                 if lg.active_segment.base_offset != segment:
-                    self._snapshot(append.tp)
+                    self._snapshot(append.tp, sync=False)  # as the leader's, at the roll
         except (UnexpectedAppendOffsetError, CorruptRecordError) as e:
             return str(e)
         except LogDirectoryFullError as e:

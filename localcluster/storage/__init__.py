@@ -20,6 +20,7 @@ _EXPORTS = {
     "AppendInfo": "localcluster.storage.log",
     "Log": "localcluster.storage.log",
     "LogConfig": "localcluster.storage.log",
+    "LogFlush": "localcluster.storage.log",
     "OffsetOutOfRangeError": "localcluster.storage.log",
     "ReadResult": "localcluster.storage.log",
     "RecordBatchTooLargeError": "localcluster.storage.log",

@@ -36,9 +36,12 @@ class CheckpointError(Exception):
     """A checkpoint file cannot be read; the message names the file, the line and what to do."""
 
 
-def write_atomically(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+def write_atomically(path: Path, data: str | bytes, mode: int = 0o644, sync: bool = True) -> None:
     """Temp file, fsync, rename over `path`, fsync the directory: a reader sees the old file
-    or the new one. Checkpoints, producer state snapshots and credential files all use it."""
+    or the new one. Checkpoints, producer state snapshots and credential files all use it.
+    `sync=False` leaves out both fsyncs, for a file whose reader checks it (a CRC) and can do
+    without it: a process crash still leaves the old file or the new one, a power loss may
+    leave an empty or torn one until the caller has it synced."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -47,7 +50,8 @@ def write_atomically(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         view = memoryview(data.encode() if isinstance(data, str) else data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except OSError as e:
         # ENOSPC lands here, not as a signal: the old file stays, the temp file goes.
         os.close(fd)
@@ -55,6 +59,8 @@ def write_atomically(path: Path, data: str | bytes, mode: int = 0o644) -> None:
         raise OSError(e.errno, f"writing {path}: {e.strerror}") from e
     os.close(fd)
     os.replace(tmp, path)
+    if not sync:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -11,7 +11,8 @@ File format, Kafka's version 1 (ProducerStateManager.writeSnapshot/readSnapshot)
              currentTxnFirstOffset int64 (-1: no transaction)
 A file named N holds the state of the log below offset N. It holds only each producer's LAST
 batch, as Kafka's does: after loading one, only that batch (and the batches replayed after it)
-can be recognised as a duplicate. Writes are atomic (temp file, fsync, rename, fsync the dir).
+can be recognised as a duplicate. Writes are atomic (temp file, fsync, rename, fsync the dir);
+the snapshot at a roll is synced later, with the log's next flush (`take_snapshot`).
 
 Rules (Kafka's truncateAndReload, rebuildProducerState, deleteSnapshotsBefore):
 - Loading deletes snapshots above the log end and below the log start, tries the newest one
@@ -142,6 +143,7 @@ class ProducerStateManager:
         self.directory = Path(directory)
         self.state = ProducerState(producer_id_expiration_ms)
         self._last_snapshot_offset = 0  # Kafka's lastSnapOffset: no snapshot at or below it
+        self._unsynced: list[Path] = []  # snapshots written with sync=False since the last flush
 
     @classmethod
     def open(cls, lg: Log, now_ms: int,
@@ -196,19 +198,31 @@ class ProducerStateManager:
 
     # -- snapshots ----------------------------------------------------------------------------
 
-    def take_snapshot(self, offset: int | None = None) -> Path | None:
+    def take_snapshot(self, offset: int | None = None, sync: bool = True) -> Path | None:
         """Write the state at `offset` (default: the state's map end), unless a snapshot at or
-        past it was written or loaded. At a roll pass the new segment's base (the log end)."""
+        past it was written or loaded. At a roll pass the new segment's base (the log end),
+        and `sync=False` as Kafka does: the file is written now and synced with the log's next
+        flush (`unsynced_files`); its CRC catches what a power loss tore before that."""
         state = self.state
         if offset is not None:
             state.update_map_end_offset(offset)
         if state.map_end_offset <= self._last_snapshot_offset:
             return None
         path = self.snapshot_path(state.map_end_offset)
-        write_atomically(path, encode_snapshot(list(state.producers.values())))
+        write_atomically(path, encode_snapshot(list(state.producers.values())), sync=sync)
+        if not sync:
+            self._unsynced.append(path)
         self._last_snapshot_offset = state.map_end_offset
         log.info("wrote producer snapshot %s with %d producers", path, len(state.producers))
         return path
+
+    def unsynced_files(self) -> tuple[Path, ...]:
+        """The snapshots written unsynced since the last call, and their directory (for the
+        renames): what the log's next flush syncs. A file deleted meanwhile is skipped there."""
+        if not self._unsynced:
+            return ()
+        files, self._unsynced = (*self._unsynced, self.directory), []
+        return files
 
     def _delete(self, offset: int, why: str, warn: bool = False) -> None:
         path = self.snapshot_path(offset)
