@@ -120,16 +120,23 @@ class ReadResult:
 class LogFlush:
     """What one flush of a log syncs: the files of every segment from the one holding the
     recovery point (data, offset index, time index), and the log end and truncation count when
-    it was planned. `run` may run on any thread: it opens the files by name (a segment deleted
-    meanwhile needs no sync), and fdatasync on a file also writes the pages dirtied through
-    its shared maps (the indexes), so nothing the event loop remaps is touched."""
+    it was planned, and the leader epochs the checkpoint file is behind on (a moved log start's,
+    written with the flush). `run` may run on any thread: it opens the files by name (a segment
+    deleted meanwhile needs no sync), and fdatasync on a file also writes the pages dirtied
+    through its shared maps (the indexes), so nothing the event loop remaps is touched."""
 
     log: Log
     paths: tuple[Path, ...]
     end: int
     truncations: int
+    epochs: tuple[list[tuple[int, int]], int] | None = None  # leader-epoch-checkpoint's, if behind
 
     def run(self) -> None:
+        self._sync()
+        if self.epochs is not None:
+            self.log.leader_epoch_cache.write_deferred(*self.epochs)
+
+    def _sync(self) -> None:
         for path in self.paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -209,8 +216,11 @@ class Log:
         if log_start_offset > opened.log_start_offset:
             opened._move_start(min(log_start_offset, opened.log_end_offset))
         opened._rebuild_epochs_from(recovered)
-        opened.leader_epoch_cache.truncate_from_end(opened.log_end_offset)
+        # The start first: the file may lag the log start moves made before a crash (they are
+        # written with the next flush), and cut in this order it gives what the file written
+        # through would have (an entry the start moved to the log end then goes with the end).
         opened.leader_epoch_cache.truncate_from_start(opened.log_start_offset)
+        opened.leader_epoch_cache.truncate_from_end(opened.log_end_offset)
         marker.unlink(missing_ok=True)
         if recovered:
             opened.recovery_point = opened.log_end_offset
@@ -654,7 +664,8 @@ class Log:
         paths = tuple(path for segment in self._segments[k:] if segment.size
                       for path in (segment.path, segment.index.offset_path,
                                    segment.index.time_path))  # fmt: skip
-        return LogFlush(self, paths + also, self.log_end_offset, self._truncations)
+        return LogFlush(self, paths + also, self.log_end_offset, self._truncations,
+                        self.leader_epoch_cache.unwritten())  # fmt: skip
 
     def flushed(self, plan: LogFlush) -> int:
         """After `plan.run()`: everything below its end is on disk, unless the log was cut
@@ -674,6 +685,7 @@ class Log:
 
     def delete(self) -> None:
         """Remove the log and its directory (StopReplica with delete)."""
+        self.leader_epoch_cache.close()  # before the directory goes: no late write recreates it
         self._spares.discard(closing=True)
         for segment in self._segments:
             segment.delete()

@@ -99,7 +99,10 @@ def test_persisted_and_reloaded(tmp_path):
     assert path.read_text() == "0\n3\n0 0\n2 7\n5 30\n"
     cache.truncate_from_end(30)
     cache.truncate_from_start(3)
+    assert LeaderEpochCache(path).entries() == [(0, 0), (2, 7)]  # a start move waits ...
+    cache.write_deferred(*cache.unwritten())  # ... for the log's next flush
     assert LeaderEpochCache(path).entries() == [(0, 3), (2, 7)]
+    assert cache.unwritten() is None
     cache.clear()
     assert LeaderEpochCache(path).entries() == []
     assert LeaderEpochCache(None).entries() == []
@@ -142,9 +145,19 @@ operations = st.lists(
         st.tuples(st.just("end"), st.integers(0, 60)),
         st.tuples(st.just("start"), st.integers(0, 60)),
         st.tuples(st.just("clear")),
+        st.tuples(st.just("plan")),  # a flush takes what the file is behind on ...
+        st.tuples(st.just("land")),  # ... and writes it, maybe after later changes
     ),
     max_size=30,
 )
+
+
+def on_disk_cut_to(path, model) -> list[tuple[int, int]]:
+    """The file's entries as opening the log would leave them: cut back to the log start."""
+    on_disk = LeaderEpochCache(path)
+    if model:
+        on_disk.truncate_from_start(model[0][1])
+    return on_disk.entries()
 
 
 @settings(max_examples=200, deadline=None,
@@ -155,7 +168,17 @@ def test_against_model(tmp_path, ops):
     path.unlink(missing_ok=True)
     cache = LeaderEpochCache(path)
     model: list[tuple[int, int]] = []
+    planned = []
     for op in ops:
+        if op[0] == "plan":
+            planned.append(cache.unwritten())
+            continue
+        if op[0] == "land":
+            if planned and (plan := planned.pop(0)) is not None:
+                cache.write_deferred(*plan)
+            assert on_disk_cut_to(path, model) == model  # never an older write over a newer
+            continue
+        before = model
         if op[0] == "assign":
             _, epoch, start = op
             if not (model and epoch == model[-1][0] and start >= model[-1][1]):
@@ -181,4 +204,30 @@ def test_against_model(tmp_path, ops):
             assert cache.end_offset_for(requested, log_end) == model_end_offset_for(
                 model, requested, log_end
             )
-        assert LeaderEpochCache(path).entries() == model  # written through
+        # Written through, but a moved start, which the next flush writes: until then the
+        # file may still hold the entries below it, which opening the log cuts.
+        assert on_disk_cut_to(path, model) == model
+        if op[0] != "start" and model != before:  # a change of any other kind: all of it
+            assert LeaderEpochCache(path).entries() == model
+    for plan in planned:
+        if plan is not None:
+            cache.write_deferred(*plan)
+    if (plan := cache.unwritten()) is not None:  # the next flush
+        cache.write_deferred(*plan)
+    assert LeaderEpochCache(path).entries() == model
+
+
+def test_a_deferred_write_never_lands_over_a_newer_one_or_after_the_log_is_deleted(tmp_path):
+    path = tmp_path / LEADER_EPOCH_CHECKPOINT
+    cache = cache_with(tmp_path, [(0, 0), (2, 7)])
+    cache.truncate_from_start(3)
+    late = cache.unwritten()  # a flush took it; its thread is slow
+    cache.assign(4, 9)  # written at once, with the moved start
+    cache.write_deferred(*late)
+    assert LeaderEpochCache(path).entries() == [(0, 3), (2, 7), (4, 9)]
+    cache.truncate_from_start(8)
+    pending = cache.unwritten()
+    cache.close()  # the log was deleted (its directory may come back for a new topic)
+    path.unlink()
+    cache.write_deferred(*pending)
+    assert not path.exists()

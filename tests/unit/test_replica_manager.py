@@ -298,3 +298,44 @@ def test_the_snapshot_at_a_roll_is_written_unsynced_and_synced_by_the_next_flush
     run_flushes(flushes)
     logs.flushed(flushes)
     assert not {snapshot, lg.directory} & set(logs.flush_plans()[0].paths)  # synced once
+
+
+def test_a_moved_log_start_is_written_to_the_epoch_checkpoint_by_the_next_flush_on_the_thread(
+    tmp_path, monkeypatch
+):
+    """Under retention a log start moves once per deleted segment per partition, and each move
+    rewrote leader-epoch-checkpoint (two fsyncs) on the event loop; Kafka 3.7+ writes it in the
+    background (KAFKA-15046). Here the recovery-point round writes it, on the thread."""
+    import localcluster.storage.checkpoint as checkpoint_module
+    from localcluster.storage import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
+
+    writes: list[tuple[str, str]] = []
+    write = checkpoint_module.write_atomically
+
+    def recording(path, data, *args, **kwargs):
+        writes.append((threading.current_thread().name, Path(path).name))
+        write(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "write_atomically", recording)
+
+    async def run():
+        manager = ReplicaManager(BrokerConfig(), tmp_path / "data", tmp_path)
+        lg = manager.log_manager.get_or_create(("t", 0))
+        for epoch in (0, 1):
+            lg.append(encode_batch([Record(b"v") for _ in range(5)]), leader_epoch=epoch)
+        epochs = lg.directory / LEADER_EPOCH_CHECKPOINT
+        assert LeaderEpochCache(epochs).entries() == [(0, 0), (1, 5)]
+        writes.clear()
+        assert lg.increment_log_start_offset(7)  # DeleteRecords, or a follower's start
+        assert lg.leader_epoch_cache.entries() == [(1, 7)]
+        assert LeaderEpochCache(epochs).entries() == [(0, 0), (1, 5)]  # not on the loop
+        assert not any(name == LEADER_EPOCH_CHECKPOINT for _, name in writes)
+        manager.checkpoint_recovery_points()
+        await wait_for(lambda: LeaderEpochCache(epochs).entries() == [(1, 7)],
+                       "the epochs written by the flush")  # fmt: skip
+        epoch_writers = [thread for thread, name in writes if name == LEADER_EPOCH_CHECKPOINT]
+        manager.close()
+        return epoch_writers
+
+    epoch_writers = asyncio.run(run())
+    assert len(epoch_writers) == 1 and epoch_writers[0].startswith("hw-checkpoint")
