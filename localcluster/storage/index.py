@@ -201,6 +201,11 @@ class BatchIndex:
 
     def close(self) -> None:
         self._flush()
+        self.discard()
+
+    def discard(self) -> None:
+        """Drop the maps unsynced: the files are being deleted (an msync of them there blocked
+        the event loop on a disk, for pages nobody would read again)."""
         self._offsets = np.zeros((0, 2), dtype=np.int32)
         self._times = np.zeros((0,), dtype=np.int64)
         self._capacity = 0

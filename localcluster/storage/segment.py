@@ -319,7 +319,7 @@ class LogSegment:
     def _unlink_files(self, *also: Path) -> None:
         """No more appends; the index files, and `also`, unlinked."""
         self.appendable = False
-        self.index.close()
+        self.index.discard()
         for path in (*also, self.index.offset_path, self.index.time_path):
             path.unlink(missing_ok=True)
 

@@ -355,3 +355,19 @@ def test_a_full_index_file_is_an_error_before_the_batch_is_written(tmp_path, dis
     assert [h.base_offset for _, h in scan_segment(segment)] == [0, 1]
     assert segment.index.count == 2 and segment.index.reserved_entries >= 2
     segment.close()
+
+
+def test_a_deleted_or_retired_segment_drops_its_index_maps_unsynced(tmp_path, monkeypatch):
+    """Its index files are unlinked next: an msync of them first blocked the event loop on a
+    disk (retention deleting a segment), for pages nobody reads again."""
+    from localcluster.storage.index import BatchIndex
+    from localcluster.storage.segment import SpareFiles
+
+    synced = []
+    monkeypatch.setattr(BatchIndex, "_flush", lambda index: synced.append(index.base_offset))
+    for base, goes in ((0, LogSegment.delete), (100, lambda s: s.retire(SpareFiles(tmp_path)))):
+        segment = new_segment(tmp_path, base)
+        put(segment, base, n=3)
+        goes(segment)
+        assert not segment.index.offset_path.exists()
+    assert synced == []
