@@ -68,7 +68,8 @@ def check_compressed_batches(records, batches: list[tuple[int, rb.BatchHeader]])
 
 
 def run_flushes(flushes: list[LogFlush]) -> None:
-    """fdatasync what `LogManager.flush_plans` named (the broker: on its checkpoint thread)."""
+    """fdatasync what `LogManager.flush_plans` named and write the leader epochs they took
+    (the broker: on its checkpoint thread)."""
     for flush in flushes:
         flush.run()
 
