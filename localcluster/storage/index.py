@@ -192,15 +192,12 @@ class BatchIndex:
         self._remap(live)
 
     def flush(self) -> None:
-        self._flush()
-
-    def _flush(self) -> None:
         for array in (self._offsets, self._times):
             if isinstance(array.base, mmap.mmap):
                 array.base.flush()
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self.discard()
 
     def discard(self) -> None:

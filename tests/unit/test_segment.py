@@ -364,7 +364,7 @@ def test_a_deleted_or_retired_segment_drops_its_index_maps_unsynced(tmp_path, mo
     from localcluster.storage.segment import SpareFiles
 
     synced = []
-    monkeypatch.setattr(BatchIndex, "_flush", lambda index: synced.append(index.base_offset))
+    monkeypatch.setattr(BatchIndex, "flush", lambda index: synced.append(index.base_offset))
     for base, goes in ((0, LogSegment.delete), (100, lambda s: s.retire(SpareFiles(tmp_path)))):
         segment = new_segment(tmp_path, base)
         put(segment, base, n=3)
